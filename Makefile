@@ -1,0 +1,36 @@
+# Two commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# torch/torchvision pair that imports on this machine (the local torch-2.13.0+cpu wheel
+# breaks PyPI's torchvision; see ../shared/FACTS.md).
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install demo test test-all clean bench-dp
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -qq --disable-pip-version-check $(TORCH_PIN)
+	$(BIN)/python -m pip install -qq --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -c "import torch, torchvision, opacus, prv_accountant, torch_fidelity, dpgen_bench"
+	touch $(STAMP)
+
+demo: install
+	rm -rf results/demo
+	$(BIN)/bench run --method dpgan --dataset digits --eps 10 --preset quick --seed 0 --results results/demo
+	$(BIN)/bench report --results results/demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-all: install
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+bench-dp: install
+	$(BIN)/python benchmarks/dp_step.py
+
+clean:
+	rm -rf $(VENV) results/runs

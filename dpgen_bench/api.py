@@ -1,0 +1,241 @@
+"""The contracts between the harness and its plugins, and nothing else.
+
+Images are float32 tensors in [-1, 1], NCHW; labels are int64.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .privacy.ledger import PrivacyLedger
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a dataset as cached tensors (never a per-item Python loop)."""
+
+    images: Tensor  # float32, NCHW, [-1, 1]
+    labels: Tensor  # int64, N
+
+    def __post_init__(self) -> None:
+        if len(self.images) != len(self.labels):
+            raise ValueError("images and labels differ in length")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: np.ndarray | Tensor) -> "Split":
+        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
+        return Split(self.images[idx], self.labels[idx])
+
+    def to(self, device: torch.device | str) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
+
+@dataclass(frozen=True)
+class ImageData:
+    """A labelled image dataset with fixed train / test splits.
+
+    ``member_indices`` / ``nonmember_indices`` are set when the run trains on a member
+    subset (``--members N``): indices into the *original* train and test splits.
+    """
+
+    name: str
+    train: Split
+    test: Split
+    class_names: tuple[str, ...]
+    member_indices: np.ndarray | None = None
+    nonmember_indices: np.ndarray | None = None
+    description: str = ""
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train.images.shape[1:])  # type: ignore[return-value]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def with_members(self, n: int, seed: int) -> "ImageData":
+        """Train on ``n`` training images only; the same number of test images are the
+        non-members (GAN-Leaks protocol). Class-balanced random choice, seeded."""
+        rng = np.random.default_rng(seed)
+        members = np.sort(rng.choice(len(self.train), size=n, replace=False))
+        nonmembers = np.sort(rng.choice(len(self.test), size=n, replace=False))
+        return dataclasses.replace(
+            self,
+            train=self.train.subset(members),
+            member_indices=members,
+            nonmember_indices=nonmembers,
+        )
+
+    def to(self, device: torch.device | str) -> "ImageData":
+        return dataclasses.replace(self, train=self.train.to(device), test=self.test.to(device))
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a method may know about the data before it sees any of it."""
+
+    name: str
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    n_train: int
+
+
+# ------------------------------------------------------------------------ privacy
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The shared privacy budget (ε, δ) and the accountant that must certify it."""
+
+    epsilon: float
+    delta: float = 1e-5
+    accountant: str = "rdp"
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+
+@dataclass(frozen=True)
+class PrivacyPart:
+    """One private mechanism of a method, repeated ``steps`` times.
+
+    ``noise_multiplier`` is the noise std divided by the sensitivity; ``sample_rate`` is
+    the Poisson sampling probability (1.0: the whole dataset every step).
+    """
+
+    name: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    mechanism: str = "subsampled_gaussian"
+    epsilon: float = float("nan")  # this part alone, RDP, at the run's δ
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mechanism": self.mechanism,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+            "epsilon": self.epsilon,
+        }
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    private: bool
+    target_epsilon: float
+    target_delta: float
+    parts: tuple[PrivacyPart, ...] = ()
+    epsilon_rdp: float = 0.0
+    epsilon_prv: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "private": self.private,
+            "target": {"epsilon": self.target_epsilon, "delta": self.target_delta},
+            "parts": [p.to_json() for p in self.parts],
+            "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
+        }
+
+
+# ------------------------------------------------------------------------ methods
+
+
+class RunContext(abc.ABC):
+    """What the runner gives a method: device, seed, the privacy ledger, progress,
+    training-curve records and a checkpoint hook. Methods never print."""
+
+    device: torch.device
+    seed: int
+    ledger: "PrivacyLedger"
+
+    @abc.abstractmethod
+    def progress(self, total: int, desc: str): ...  # returns a tqdm-like object on stderr
+
+    @abc.abstractmethod
+    def record(self, **values: Any) -> None: ...  # one line of train.jsonl
+
+    def log(self, message: str) -> None:  # to stderr through logging
+        import logging
+
+        logging.getLogger("dpgen_bench").info(message)
+
+    def checkpoint(self, state: dict) -> None:  # periodic checkpoints (no-op by default)
+        return None
+
+
+class Method(abc.ABC):
+    """A (private) image generator. One file plus one registry line adds a new one.
+
+    ``Hparams`` is a dataclass; ``presets`` maps a preset name to per-dataset overrides
+    of it (key ``"*"``: any dataset).
+    """
+
+    name: ClassVar[str]
+    private: ClassVar[bool] = True
+    conditional: ClassVar[bool] = True
+    Hparams: ClassVar[type]
+    presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {}
+
+    def __init__(self, hparams: Any, info: DataInfo):
+        self.hparams = hparams
+        self.info = info
+
+    @abc.abstractmethod
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        """Calibrate every private part for ``budget`` without touching data (noise from
+        the target, or steps from a fixed noise). Non-private methods return []."""
+
+    @abc.abstractmethod
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport: ...
+
+    @abc.abstractmethod
+    def sample(self, n: int, labels: Tensor | None, rng: torch.Generator) -> tuple[Tensor, Tensor]: ...
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict: ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+# --------------------------------------------------------------------- evaluators
+
+
+@dataclass
+class EvalInput:
+    """Everything an evaluator may read. It never selects anything on ``data.test``."""
+
+    data: ImageData
+    images: Tensor  # generated, float32 NCHW [-1, 1] (CPU)
+    labels: Tensor | None  # None for unconditional generators
+    method: Method | None
+    device: torch.device
+    seed: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator(abc.ABC):
+    name: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+
+    @abc.abstractmethod
+    def evaluate(self, run: EvalInput) -> dict[str, Any]:
+        """Return ``{"metrics": {key: value}, "protocol": {...}}``; keys name the protocol."""

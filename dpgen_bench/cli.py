@@ -1,0 +1,265 @@
+"""The ``bench`` command. Data to stdout; logs and progress to stderr; a user's mistake
+is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+
+import click
+
+from . import registry
+from .config import DEFAULT_DELTA, RunConfig, load_config_file, parse_set, resolve_hparams
+from .errors import PrivacyViolation, UserError
+
+log = logging.getLogger("dpgen_bench")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("dpgen_bench")
+    if not logger.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("[bench] %(message)s"))
+        logger.addHandler(h)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
+
+
+class BenchGroup(click.Group):
+    """Turns user errors (ours and click's) into one line and exit code 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "bench", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(2)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except PrivacyViolation as e:
+            click.echo(f"privacy violation: {e}", err=True)
+            sys.exit(3)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("-v", "--verbose", is_flag=True, help="More log lines on stderr.")
+def cli(verbose: bool) -> None:
+    """Differentially private image generators under one shared budget."""
+    _setup_logging(verbose)
+
+
+# ---------------------------------------------------------------------- options
+
+
+def _n_d(value: str | None):
+    if value is None:
+        return None
+    if value == "adaptive":
+        return "adaptive"
+    try:
+        n = int(value)
+    except ValueError:
+        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}") from None
+    if n < 1:
+        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}")
+    return n
+
+
+def _run_options(f):
+    opts = [
+        click.option("--method", "-m", required=True, help="Method name (bench list methods)."),
+        click.option("--dataset", "-d", default="digits", help="Dataset name (bench list datasets)."),
+        click.option("--eps", type=float, default=None,
+                     help="Target ε (required for private methods; omit for non-private ones)."),
+        click.option("--delta", type=float, default=None, help=f"Target δ [default: {DEFAULT_DELTA:g}]."),
+        click.option("--preset", default=None, help="Preset name (bench list presets) [default: quick]."),
+        click.option("--n-d", "n_d", default=None, help="Discriminator steps per G step: INT or 'adaptive'."),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a method setting."),
+        click.option("--config", "config_file", default=None, help="YAML/JSON file of run keys and hparams."),
+        click.option("--seed", type=int, default=None, help="Seed [default: 0]."),
+        click.option("--data-root", default=None,
+                     help="Root of local dataset files (else $DPGEN_DATA, else ~/.cache/dpgen_bench/data)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members=None, device=None,
+                 evaluators=None) -> RunConfig:
+    """CLI > --config file > preset > defaults."""
+    file_cfg = load_config_file(config_file) if config_file else {}
+    file_hp = file_cfg.pop("hparams", {}) or {}
+    known = {"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device", "evaluators",
+             "samples_per_class"}
+    unknown = set(file_cfg) - known
+    if unknown:
+        raise UserError(f"config file: unknown keys {sorted(unknown)}")
+    method = method or file_cfg.get("method")
+    dataset = dataset or file_cfg.get("dataset", "digits")
+    method_cls = registry.methods.get(method)
+    registry.datasets.get(dataset)
+    preset = preset or file_cfg.get("preset", "quick")
+    overrides = dict(file_hp)
+    overrides.update(parse_set(sets))
+    if n_d is not None:
+        overrides["n_d"] = _n_d(n_d)
+    hp, run_level = resolve_hparams(method_cls, preset, dataset, overrides)
+    if eps is None:
+        eps = file_cfg.get("epsilon", file_cfg.get("eps"))
+    if eps is None:
+        if method_cls.private:
+            raise UserError(f"--eps is required for private method '{method}'")
+        eps = math.inf
+    if evaluators is None:
+        evaluators = file_cfg.get("evaluators", run_level.get("evaluators"))
+    kwargs = dict(
+        method=method, dataset=dataset, epsilon=float(eps),
+        delta=float(delta if delta is not None else file_cfg.get("delta", DEFAULT_DELTA)),
+        preset=preset, seed=int(seed if seed is not None else file_cfg.get("seed", 0)),
+        members=members if members is not None else file_cfg.get("members"),
+        device=device or file_cfg.get("device", "auto"),
+        samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),
+        hparams=__import__("dataclasses").asdict(hp),
+    )
+    if evaluators is not None:
+        if isinstance(evaluators, str):
+            evaluators = [e.strip() for e in evaluators.split(",") if e.strip()]
+        kwargs["evaluators"] = tuple(evaluators)
+    return RunConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------- run
+
+
+@cli.command()
+@_run_options
+@click.option("--members", type=int, default=None, help="Train on N training images only (membership inference).")
+@click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: the preset's].")
+@click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto].")
+@click.option("--out", default=None, help="Exact run directory [default: RESULTS/<run-id>].")
+@click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
+@click.option("--dry-run", is_flag=True, help="Print the resolved config and privacy plan, then exit.")
+def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, members, evaluators, device,
+        out, results, dry_run):
+    """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
+    from . import runner
+
+    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members, device, evaluators)
+    prepared = runner.prepare(cfg, data_root)
+    if dry_run:
+        import json
+
+        from .privacy.ledger import planned_report
+
+        plan = planned_report(prepared.budget, prepared.planned).to_json()
+        click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan}, indent=2, default=str))
+        return
+    run_dir = runner.prepare_out_dir(cfg, out, results)
+    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, cfg.method, cfg.dataset,
+             cfg.epsilon, cfg.delta, cfg.preset, prepared.device)
+    result = runner.execute(prepared, run_dir)
+    priv = result["privacy"]
+    from .report.table import _fmt_eps
+
+    lines = [f"run_dir: {run_dir}",
+             f"epsilon: target {_fmt_eps(priv['target']['epsilon'])}, spent {_fmt_eps(float(priv['epsilon']['rdp']))} "
+             f"(RDP), {_fmt_eps(float(priv['epsilon']['prv']))} (PRV); delta {priv['target']['delta']:g}"]
+    lines += [f"{k}: {v:.4f}" for k, v in result["metrics"].items()]
+    click.echo("\n".join(lines))
+
+
+# --------------------------------------------------------------------- privacy
+
+
+@cli.command()
+@_run_options
+def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root):
+    """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
+    from . import runner
+    from .privacy.ledger import planned_report
+
+    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed)
+    prepared = runner.prepare(cfg, data_root)
+    rep = planned_report(prepared.budget, prepared.planned)
+    click.echo(f"method {cfg.method}, dataset {cfg.dataset} (N={len(prepared.data.train)}), preset {cfg.preset}")
+    click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")
+    click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) |")
+    click.echo("|---|---|---|---|---|---|")
+    for p in rep.parts:
+        click.echo(f"| {p.name} | {p.mechanism} | {p.noise_multiplier:.4f} | {p.sample_rate:.5f} | {p.steps} | "
+                   f"{p.epsilon:.4f} |")
+    click.echo(f"composed epsilon: {rep.epsilon_rdp:.4f} (RDP, compared with the target), "
+               f"{rep.epsilon_prv:.4f} (PRV upper bound)")
+
+
+# ------------------------------------------------------------------------ list
+
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["methods", "datasets", "evaluators", "presets"]))
+def list_(what):
+    """List registered methods, datasets, evaluators or presets."""
+    if what == "methods":
+        for name in registry.methods.names():
+            cls = registry.methods.get(name)
+            click.echo(f"{name}\t{'private' if cls.private else 'non-private'}\t{_first_line(cls)}")
+    elif what == "datasets":
+        for name in registry.datasets.names():
+            click.echo(f"{name}\t{_first_line(registry.datasets.get(name))}")
+    elif what == "evaluators":
+        for name in registry.evaluators.names():
+            cls = registry.evaluators.get(name)
+            click.echo(f"{name}\t{'higher' if cls.higher_is_better else 'lower'} is better\t{_first_line(cls)}")
+    else:
+        for name in registry.methods.names():
+            cls = registry.methods.get(name)
+            for preset, per_ds in cls.presets.items():
+                if preset == "tiny":
+                    continue
+                click.echo(f"{name}\t{preset}\t{', '.join(sorted(per_ds))}")
+
+
+def _first_line(obj) -> str:
+    doc = (obj.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+# ---------------------------------------------------------------------- report
+
+
+@cli.command()
+@click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
+def report(results):
+    """Markdown table of the completed runs (ε target and spent, metrics)."""
+    from . import store
+    from .report.table import collect, render_markdown, runs_table
+
+    root = store.results_root(results)
+    if not root.is_dir():
+        raise UserError(f"no results directory at {root}")
+    long, skipped = collect(root)
+    if skipped:
+        log.warning("skipped %d incomplete or failed run(s) under %s", skipped, root)
+    if long.empty:
+        raise UserError(f"no completed runs under {root}")
+    click.echo(render_markdown(runs_table(long)), nl=False)
+
+
+def main() -> None:  # console-script entry point
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Errors a user can cause. The CLI prints them as one line and exits with code 2."""
+
+
+class UserError(Exception):
+    """A mistake in the user's input (flag, name, file, budget): one clear line, no traceback."""
+
+
+class PrivacyViolation(RuntimeError):
+    """A method spent more privacy than it was granted. Never caught silently."""

@@ -1,0 +1,20 @@
+"""Privacy accounting: noise calibration, composition (Opacus RDP, prv-accountant PRV),
+and the ledger that counts every private step a method takes."""
+
+from .accounting import (
+    calibrate_noise,
+    compose_prv,
+    compose_rdp,
+    part_epsilon,
+    steps_for_budget,
+)
+from .ledger import PrivacyLedger
+
+__all__ = [
+    "calibrate_noise",
+    "compose_prv",
+    "compose_rdp",
+    "part_epsilon",
+    "steps_for_budget",
+    "PrivacyLedger",
+]

@@ -1,0 +1,95 @@
+"""A small generic registry per kind of plugin (methods, evaluators, datasets).
+
+Built-ins are listed lazily as ``"module:attr"`` strings so that ``bench list`` does not
+import torch-heavy modules; third-party plugins arrive through entry points in the groups
+``dpgen_bench.methods``, ``dpgen_bench.evaluators`` and ``dpgen_bench.datasets``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from .errors import UserError
+
+T = TypeVar("T")
+
+
+def suggest(name: str, known: list[str]) -> str:
+    """' (did you mean 'x'?)' or a list of the known names, for one-line errors."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    return f" (known: {', '.join(sorted(known))})" if known else ""
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, entry_point_group: str | None = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._items: dict[str, T | str] = {}
+        self._hidden: set[str] = set()
+        self._entry_points_loaded = False
+
+    def register(self, name: str, obj: T | str, *, replace: bool = False, hidden: bool = False) -> None:
+        """Register ``obj`` (or a lazy ``"module:attr"`` reference) under ``name``."""
+        if name in self._items and not replace:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._items[name] = obj
+        if hidden:
+            self._hidden.add(name)
+        else:
+            self._hidden.discard(name)
+
+    def decorator(self, name: str, **kw):
+        def wrap(obj: T) -> T:
+            self.register(name, obj, **kw)
+            return obj
+
+        return wrap
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded or not self.entry_point_group:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group=self.entry_point_group):
+            if ep.name not in self._items:
+                self._items[ep.name] = ep.value
+
+    def names(self, *, include_hidden: bool = False) -> list[str]:
+        self._load_entry_points()
+        return sorted(n for n in self._items if include_hidden or n not in self._hidden)
+
+    def __contains__(self, name: str) -> bool:
+        self._load_entry_points()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def get(self, name: str) -> T:
+        self._load_entry_points()
+        if name not in self._items:
+            raise UserError(f"unknown {self.kind} '{name}'{suggest(name, self.names())}")
+        obj = self._items[name]
+        if isinstance(obj, str):
+            module, _, attr = obj.partition(":")
+            loaded = importlib.import_module(module)
+            obj = getattr(loaded, attr) if attr else loaded
+            self._items[name] = obj
+        return obj  # type: ignore[return-value]
+
+
+methods: Registry = Registry("method", "dpgen_bench.methods")
+evaluators: Registry = Registry("evaluator", "dpgen_bench.evaluators")
+datasets: Registry = Registry("dataset", "dpgen_bench.datasets")
+
+# Built-ins, imported only when asked for.
+methods.register("dpgan", "methods.dpgan:DPGAN")
+methods.register("gan", "methods.gan:GAN")
+methods.register("dummy", "methods.dummy:Dummy", hidden=True)
+evaluators.register("gen2real_cnn", "evaluators.transfer:Gen2RealCNN")
+datasets.register("digits", "dpgen_bench.data.digits:load_digits_data")

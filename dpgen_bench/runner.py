@@ -1,0 +1,241 @@
+"""One run: validate → seed → data → plan privacy → fit → check ε → sample → evaluate →
+record. Everything a user can get wrong is checked before the run directory exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import registry, store
+from .api import Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport, RunContext
+from .config import RunConfig
+from .errors import PrivacyViolation, UserError
+from .privacy.ledger import PrivacyLedger
+
+log = logging.getLogger("dpgen_bench")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine (use --device auto or cpu)")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device: unknown device '{name}' (auto, cpu, cuda, cuda:N)") from None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _Context(RunContext):
+    def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None):
+        self.device = device
+        self.seed = seed
+        self.ledger = ledger
+        self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
+        self._t0 = time.time()
+
+    def progress(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)
+
+    def record(self, **values: Any) -> None:
+        if self._train_log:
+            values = {"time": round(time.time() - self._t0, 3), **values}
+            self._train_log.write(json.dumps(store._finite(values), default=store._json_default) + "\n")
+            self._train_log.flush()
+
+    def close(self) -> None:
+        if self._train_log:
+            self._train_log.close()
+
+
+# ------------------------------------------------------------------- preparation
+
+
+@dataclasses.dataclass
+class Prepared:
+    config: RunConfig
+    method_cls: type
+    method: Method
+    data: ImageData
+    budget: Budget
+    planned: list
+    device: torch.device
+
+
+def budget_of(config: RunConfig, method_cls: type) -> Budget:
+    eps, delta = config.epsilon, config.delta
+    if not (0 < delta < 1):
+        raise UserError(f"--delta must be in (0, 1), got {delta:g}")
+    if math.isnan(eps) or eps <= 0:
+        raise UserError(f"--eps must be > 0, got {eps:g}")
+    if method_cls.private and not math.isfinite(eps):
+        raise UserError(f"method '{method_cls.name}' is private: --eps must be finite")
+    if not method_cls.private and math.isfinite(eps):
+        raise UserError(f"method '{method_cls.name}' is not private (ε = ∞): drop --eps")
+    return Budget(epsilon=eps, delta=delta)
+
+
+def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
+    """Validate everything and calibrate the privacy plan, without training."""
+    method_cls = registry.methods.get(config.method)
+    budget = budget_of(config, method_cls)
+    for name in config.evaluators:
+        registry.evaluators.get(name)
+    if config.samples_per_class < 1:
+        raise UserError("samples_per_class must be ≥ 1")
+    device = resolve_device(config.device)
+    from .data import load_dataset
+
+    data = load_dataset(config.dataset, root=data_root)
+    if config.members is not None:
+        if not (1 <= config.members <= min(len(data.train), len(data.test))):
+            raise UserError(f"--members must be between 1 and {min(len(data.train), len(data.test))} for "
+                            f"'{data.name}' (train {len(data.train)}, test {len(data.test)}), got {config.members}")
+        data = data.with_members(config.members, seed=config.seed)
+    if budget.private and budget.delta >= 1 / len(data.train):
+        log.warning("δ=%g ≥ 1/N=%g: the guarantee allows leaking a whole record; use δ < 1/N", budget.delta,
+                    1 / len(data.train))
+    hp = method_cls.Hparams(**config.hparams)
+    info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
+    method = method_cls(hp, info)
+    planned = method.plan(budget)
+    PrivacyLedger(budget, planned)  # refuses a plan over the target
+    return Prepared(config, method_cls, method, data, budget, planned, device)
+
+
+def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> Path:
+    if out:
+        run_dir = Path(out)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UserError(f"--out {run_dir} exists and is not empty")
+        parent = run_dir.parent
+    else:
+        parent = store.results_root(results)
+        run_dir = parent / store.new_run_id(config.method, config.dataset, config.epsilon, config.seed)
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write the run directory under {parent}: not writable")
+    return run_dir
+
+
+# --------------------------------------------------------------------------- run
+
+
+def execute(p: Prepared, run_dir: Path) -> dict[str, Any]:
+    cfg = p.config
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store.write_json(run_dir / "config.json", {"run_id": run_dir.name, **cfg.to_json()})
+    store.write_json(run_dir / "env.json", store.environment(str(p.device)))
+    if p.data.member_indices is not None:
+        with store.atomic_open(run_dir / "membership.npz") as f:
+            np.savez(f, member_indices=p.data.member_indices, nonmember_indices=p.data.nonmember_indices)
+
+    phase, t0, timings = "fit", time.time(), {}
+    try:
+        seed_everything(cfg.seed)
+        ledger = PrivacyLedger(p.budget, p.planned)
+        ctx = _Context(p.device, cfg.seed, ledger, run_dir)
+        try:
+            p.method.fit(p.data.train, p.budget, ctx)
+        finally:
+            ctx.close()
+        timings["fit"] = time.time() - t0
+        report = ledger.report()  # the runner's own count, not the method's claim
+        check_privacy(report)
+        store.write_json(run_dir / "privacy.json", report.to_json())
+        with store.atomic_open(run_dir / "checkpoint.pt") as f:
+            torch.save(p.method.state_dict(), f)
+
+        phase, t1 = "sample", time.time()
+        labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
+        rng = torch.Generator().manual_seed(cfg.seed + 12345)
+        images, labels = p.method.sample(len(labels), labels if p.method.conditional else None, rng)
+        images = images.detach().cpu().float()
+        with store.atomic_open(run_dir / "samples.npz") as f:
+            np.savez_compressed(f, images=images.numpy(), labels=labels.cpu().numpy().astype(np.int64))
+        save_grid(images, labels, p.data.class_names, run_dir / "grid.png")
+        timings["sample"] = time.time() - t1
+
+        phase = "evaluate"
+        result = evaluate(p, images, labels if p.method.conditional else None)
+        result["protocol"]["timings"] = {**timings, **result["protocol"].get("timings", {})}
+        store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
+        return {"privacy": report.to_json(), **result}
+    except BaseException as e:
+        store.write_json(run_dir / "failed.json", {
+            "phase": phase, "error": f"{type(e).__name__}: {e}", "seconds": time.time() - t0,
+            "traceback": traceback.format_exc(),
+        })
+        raise
+
+
+def check_privacy(report: PrivacyReport) -> None:
+    if report.private and report.epsilon_rdp > report.target_epsilon:
+        raise PrivacyViolation(f"spent ε={report.epsilon_rdp:.4f} exceeds the target ε={report.target_epsilon}; "
+                               "the run is not recorded")
+
+
+def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    protocol: dict[str, Any] = {"timings": {}}
+    for name in p.config.evaluators:
+        ev = registry.evaluators.get(name)()
+        t = time.time()
+        log.info("evaluating %s", name)
+        out = ev.evaluate(EvalInput(data=p.data, images=images, labels=labels, method=p.method,
+                                    device=p.device, seed=p.config.seed))
+        metrics.update(out.get("metrics", {}))
+        protocol[name] = out.get("protocol", {})
+        protocol["timings"][f"eval:{name}"] = time.time() - t
+    return {"metrics": metrics, "protocol": protocol}
+
+
+def save_grid(images: torch.Tensor, labels: torch.Tensor, class_names, path: Path, per_class: int = 10) -> None:
+    """A labelled grid: one row per class, ``per_class`` samples each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from torchvision.utils import make_grid
+
+    rows, names = [], []
+    for c, name in enumerate(class_names):
+        sel = images[labels == c][:per_class]
+        if len(sel):
+            pad = per_class - len(sel)
+            if pad:
+                sel = torch.cat([sel, -torch.ones(pad, *sel.shape[1:])])
+            rows.append(sel)
+            names.append(name)
+    grid = make_grid(torch.cat(rows), nrow=per_class, normalize=True, value_range=(-1, 1), padding=2)
+    fig, ax = plt.subplots(figsize=(per_class * 0.6 + 1, len(rows) * 0.6 + 0.3))
+    ax.imshow(grid.permute(1, 2, 0).numpy(), interpolation="nearest")
+    step = grid.shape[1] / len(rows)
+    ax.set_yticks([step * (i + 0.5) for i in range(len(rows))], names)
+    ax.set_xticks([])
+    fig.tight_layout()
+    with store.atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)

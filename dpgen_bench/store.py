@@ -1,0 +1,154 @@
+"""Run directories: atomic writes, provenance, and reading records back.
+
+A run is complete only once ``eval.json`` has been renamed into place; every file is
+written to a temporary file in the same directory, fsynced, then renamed, so a crash
+never leaves a half-written file that a reader would accept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RESULTS = Path("results") / "runs"
+COMPLETE_MARKER = "eval.json"
+PACKAGES = ("torch", "torchvision", "opacus", "prv-accountant", "torch-fidelity", "numpy", "scikit-learn",
+            "pandas", "click", "matplotlib", "dpgen-bench")
+
+
+def results_root(explicit: str | os.PathLike | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("DPGEN_RESULTS", DEFAULT_RESULTS))
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "wb") -> Iterator[io.IOBase]:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _json_default(o: Any):
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _finite(o: Any) -> Any:
+    """JSON has no inf/nan: write them as strings, read back with ``float()``."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_open(path, "w") as f:
+        json.dump(_finite(data), f, indent=2, default=_json_default, sort_keys=False)
+        f.write("\n")
+
+
+def read_json(path: Path) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def new_run_id(method: str, dataset: str, epsilon: float, seed: int) -> str:
+    eps = "inf" if not math.isfinite(epsilon) else f"{epsilon:g}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{method}-{dataset}-eps{eps}-s{seed}-{stamp}-{secrets.token_hex(2)}"
+
+
+def git_commit() -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit or None, "dirty": dirty if commit else None}
+
+
+def environment(device: str) -> dict[str, Any]:
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    dev: dict[str, Any] = {"name": device}
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev["gpu"] = torch.cuda.get_device_name(0)
+    dev["torch_threads"] = torch.get_num_threads()
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "device": dev,
+        "packages": versions,
+        "git": git_commit(),
+        "command": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def is_complete(run_dir: Path) -> bool:
+    return (run_dir / COMPLETE_MARKER).is_file()
+
+
+def iter_run_dirs(root: Path) -> Iterator[Path]:
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and not p.name.startswith("."):
+            yield p
+
+
+def load_record(run_dir: Path) -> dict[str, Any] | None:
+    """The complete record of a run, or None if it is incomplete or unreadable."""
+    if not is_complete(run_dir):
+        return None
+    try:
+        return {
+            "run_dir": str(run_dir),
+            "config": read_json(run_dir / "config.json"),
+            "privacy": read_json(run_dir / "privacy.json"),
+            "eval": read_json(run_dir / "eval.json"),
+        }
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,1 @@
+"""Built-in evaluators (registered in ``dpgen_bench/registry.py``)."""

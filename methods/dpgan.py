@@ -1,0 +1,312 @@
+"""DPGAN of "Private GANs, Revisited" (Bie, Kamath, Zhang; TMLR 2023).
+
+Algorithm 1: the discriminator D is trained with DPSGD (Opacus per-example gradients,
+Poisson sampling with rate q = B/N, clipping to C, Gaussian noise σC); the generator G
+is updated every n_D discriminator steps with the non-saturating loss and needs no
+privacy (post-processing, §3). The real and the B fake examples form one batch and every
+per-example gradient, real or fake, is clipped (App. B.1, "Clipping fake sample
+gradients"); the noisy sum is divided by 2B as in line 7. Optimisers: Adam(2e-4,
+β=(0.5, 0.999)) for both (App. B.1). Architecture: ``dpgen_bench.nets.dcgan``.
+
+n_D is fixed (``n_d=INT``) or adaptive (``n_d=adaptive``, §6.2): an EMA (β = 0.99) of D's
+accuracy on a fresh fake batch is taken before each G step; when it is ≤ d (default
+0.6) and at least 2/(1−β) G steps have passed since the last change, n_D moves to the
+next value of 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000. Fake-only accuracy
+costs no privacy (§6.2).
+
+Budget: either the preset fixes the number of D steps T and σ is calibrated from the
+target (``steps=...``), or it fixes σ and T is the largest number of steps the target
+allows (``noise_multiplier=...`` or the paper's per-ε table ``noise_by_epsilon``): in
+both cases training stops exactly when the calibrated budget is spent. The ε compared
+with the target is RDP (Opacus), as in the paper's tables; PRV is reported beside it.
+
+Departures from the paper:
+- The scheduler's fake accuracy is measured on a fresh batch of B fakes; the authors'
+  code concatenates a batch of real validation images for logging, but only the fake
+  half feeds the scheduler, so this is the same quantity.
+- The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
+  uniform over classes, as in their code.
+- ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
+  grace 40) so a run finishes in about a minute; ``paper`` presets use the paper's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, PrivacyReport, RunContext, Split
+from dpgen_bench.errors import UserError
+from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
+from dpgen_bench.privacy import calibrate_noise, steps_for_budget
+from dpgen_bench.privacy.dpsgd import make_private, poisson_batch
+
+N_D_SCHEDULE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+PART = "discriminator"
+
+
+class AdaptiveNd:
+    """Adaptive discriminator step frequency (§6.2). ``observe`` is called once per G
+    step with D's accuracy on a fake batch; ``n_d`` is the current frequency."""
+
+    def __init__(self, beta: float = 0.99, threshold: float = 0.6, grace: int | None = None, start: int = 1):
+        if start not in N_D_SCHEDULE:
+            raise ValueError(f"start must be one of {N_D_SCHEDULE}")
+        self.beta = beta
+        self.threshold = threshold
+        self.grace = grace if grace is not None else max(1, round(2 / (1 - beta)))
+        self.index = N_D_SCHEDULE.index(start)
+        self.ema: float | None = None
+        self.since_change = 0
+
+    @property
+    def n_d(self) -> int:
+        return N_D_SCHEDULE[self.index]
+
+    def observe(self, fake_accuracy: float) -> bool:
+        """Update the EMA; return True when n_D moved to the next value."""
+        self.ema = fake_accuracy if self.ema is None else self.beta * self.ema + (1 - self.beta) * fake_accuracy
+        self.since_change += 1
+        if self.since_change >= self.grace and self.ema <= self.threshold and self.index < len(N_D_SCHEDULE) - 1:
+            self.index += 1
+            self.since_change = 0
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"index": self.index, "ema": self.ema, "since_change": self.since_change}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.index, self.ema, self.since_change = s["index"], s["ema"], s["since_change"]
+
+
+@dataclass(frozen=True)
+class DPGANHparams:
+    batch_size: int = 128  # expected real batch size B (Poisson); B fakes are added
+    n_d: int | Literal["adaptive"] = 1
+    adaptive_threshold: float = 0.6  # d
+    adaptive_beta: float = 0.99
+    adaptive_grace: int | None = None  # G steps; default 2/(1-β)
+    width: int = 128  # d_D of the paper
+    g_width: int = 128
+    latent_dim: int = 128
+    lr_d: float = 2e-4
+    lr_g: float = 2e-4
+    beta1: float = 0.5
+    beta2: float = 0.999
+    max_grad_norm: float = 1.0  # C
+    steps: int | None = None  # T, number of D steps; σ calibrated from it
+    noise_multiplier: float | None = None  # σ fixed; T derived from the budget
+    noise_by_epsilon: str | None = None  # "ε:σ,ε:σ" (paper's table; nearest ε in log scale)
+    grad_sample_mode: Literal["hooks", "functorch", "ew"] = "hooks"
+    log_every: int = 25  # G steps between train.jsonl lines
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be ≥ 1")
+        if isinstance(self.n_d, int) and self.n_d < 1:
+            raise ValueError("n_d must be ≥ 1 or 'adaptive'")
+        if not 0 < self.adaptive_beta < 1:
+            raise ValueError("adaptive_beta must be in (0, 1)")
+        if self.max_grad_norm <= 0:
+            raise ValueError("max_grad_norm must be > 0")
+
+
+def _sigma_from_table(table: str, epsilon: float) -> float:
+    pairs = []
+    for item in table.split(","):
+        e, _, s = item.partition(":")
+        pairs.append((float(e), float(s)))
+    return min(pairs, key=lambda p: abs(math.log(p[0]) - math.log(epsilon)))[1]
+
+
+class DPGAN(Method):
+    """DPGAN of Private GANs, Revisited: DPSGD on D, fixed or adaptive n_D (Bie et al. 2023)."""
+
+    name = "dpgan"
+    private = True
+    conditional = True
+    Hparams = DPGANHparams
+    presets = {
+        "quick": {
+            # CPU, digits 16×16: about a minute on 2 cores (see benchmarks/README.md).
+            "digits": dict(batch_size=64, steps=1500, n_d=5, width=32, g_width=32, latent_dim=32,
+                           adaptive_beta=0.95, samples_per_class=100),
+        },
+        "tiny": {  # tests only: seconds
+            "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
+                      samples_per_class=10),
+        },
+        "paper": {
+            # Table 2 "+ adaptive n_D", App. B / D.3, authors' exp_configs mnist-eps{1,10}-adaptive:
+            # B=512, σ=2 (ε=10, T≈174K) or σ=14 (ε=1, T≈165K), d=0.6 (ε=10) / 0.7 (ε=1).
+            "mnist": dict(batch_size=512, noise_by_epsilon="1:14,10:2", n_d="adaptive", adaptive_threshold=0.6),
+            "fashion-mnist": dict(batch_size=512, noise_by_epsilon="1:14,10:2", n_d="adaptive",
+                                  adaptive_threshold=0.6),
+            # App. C: 32×32 CelebA-Gender, B=2048, σ=4 (T=385K at ε=10, δ=1e-6), adaptive d=0.6.
+            "celeba-gender-32": dict(batch_size=2048, noise_multiplier=4.0, n_d="adaptive", adaptive_threshold=0.6),
+        },
+    }
+
+    def __init__(self, hparams: DPGANHparams, info: DataInfo):
+        super().__init__(hparams, info)
+        h = hparams
+        self.D = ConditionalDiscriminator(info.image_shape, info.num_classes, h.width)
+        self.G = ConditionalGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim)
+        self.scheduler = (
+            AdaptiveNd(h.adaptive_beta, h.adaptive_threshold, h.adaptive_grace) if h.n_d == "adaptive" else None
+        )
+
+    # ------------------------------------------------------------------ privacy
+
+    @property
+    def sample_rate(self) -> float:
+        return min(1.0, self.hparams.batch_size / self.info.n_train)
+
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        h, q = self.hparams, self.sample_rate
+        if not budget.private:
+            raise UserError(f"method '{self.name}' is private: give a finite --eps")
+        sigma = h.noise_multiplier
+        if sigma is None and h.noise_by_epsilon:
+            sigma = _sigma_from_table(h.noise_by_epsilon, budget.epsilon)
+        if h.steps is not None and sigma is None:
+            sigma = calibrate_noise(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
+                                    steps=h.steps)
+            steps = h.steps
+        elif sigma is not None and h.steps is None:
+            steps = steps_for_budget(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
+                                     noise_multiplier=sigma)
+            if steps == 0:
+                raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
+        elif sigma is not None and h.steps is not None:
+            steps = h.steps  # the ledger refuses the plan if it exceeds the target
+        else:
+            raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
+        return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
+
+    def total_steps(self, budget: Budget) -> int:
+        return self.plan(budget)[0].steps
+
+    # ----------------------------------------------------------------- training
+
+    def _d_loss(self, D, real: Split, fake_x, fake_y):
+        x = torch.cat([real.images, fake_x])
+        y = torch.cat([real.labels, fake_y])
+        target = torch.cat([torch.ones(len(real), device=x.device), torch.zeros(len(fake_x), device=x.device)])
+        logits = D(x, y)
+        return F.binary_cross_entropy_with_logits(logits, target), logits
+
+    def _fake(self, n: int, device, generator: torch.Generator | None = None):
+        z = torch.randn(n, self.hparams.latent_dim, device=device, generator=generator)
+        y = torch.randint(0, self.info.num_classes, (n,), device=device, generator=generator)
+        return self.G(z, y), y
+
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport:
+        h, dev = self.hparams, ctx.device
+        train = train.to(dev)
+        self.D.to(dev)
+        self.G.to(dev)
+        opt_d = torch.optim.Adam(self.D.parameters(), lr=h.lr_d, betas=(h.beta1, h.beta2))
+        opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g, betas=(h.beta1, h.beta2))
+        data_gen = torch.Generator(device=dev).manual_seed(ctx.seed)
+        noise_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
+
+        if self.private:
+            (part,) = ctx.ledger.planned.values()
+            total = part.steps
+            D, opt_d = make_private(self.D, opt_d, noise_multiplier=part.noise_multiplier,
+                                    max_grad_norm=h.max_grad_norm, expected_batch_size=2 * h.batch_size,
+                                    grad_sample_mode=h.grad_sample_mode, noise_generator=noise_gen)
+        else:
+            if h.steps is None:
+                raise UserError(f"'{self.name}' needs --set steps=N")
+            total, D = h.steps, self.D
+        q = min(1.0, h.batch_size / len(train))
+
+        g_steps, since_g, d_loss_sum, d_seen = 0, 0, 0.0, 0
+        bar = ctx.progress(total=total, desc=f"{self.name} D steps")
+        for t in range(1, total + 1):
+            idx = poisson_batch(len(train), q, data_gen, dev)
+            with torch.no_grad():
+                fake_x, fake_y = self._fake(h.batch_size, dev)
+            loss, _ = self._d_loss(D, train.subset(idx), fake_x, fake_y)
+            opt_d.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_d.step()
+            if self.private:
+                ctx.ledger.spend(PART)
+            d_loss_sum += loss.item()
+            d_seen += 1
+            since_g += 1
+            bar.update(1)
+
+            n_d = self.scheduler.n_d if self.scheduler else h.n_d
+            if since_g < n_d:
+                continue
+            since_g = 0
+            logged = (g_steps + 1) % h.log_every == 0 or t + n_d > total
+            fake_acc = self._fake_accuracy(dev) if (self.scheduler or logged) else None
+            g_loss = self._g_step(D, opt_g, dev)
+            g_steps += 1
+            changed = self.scheduler.observe(fake_acc) if self.scheduler else False
+            if changed or logged:
+                ctx.record(d_step=t, g_step=g_steps, n_d=n_d, d_loss=d_loss_sum / max(1, d_seen), g_loss=g_loss,
+                           d_fake_acc=fake_acc,
+                           d_fake_acc_ema=self.scheduler.ema if self.scheduler else None,
+                           n_d_next=self.scheduler.n_d if self.scheduler else n_d)
+                d_loss_sum, d_seen = 0.0, 0
+        bar.close()
+        if self.private:
+            D._close()  # remove Opacus hooks; self.D stays a plain module
+        self.G.cpu().eval()
+        self.D.cpu().eval()
+        return ctx.ledger.report()
+
+    @torch.no_grad()
+    def _fake_accuracy(self, dev) -> float:
+        """D's accuracy on a fresh fake batch (post-processing: no private data)."""
+        x, y = self._fake(self.hparams.batch_size, dev)
+        return (self.D(x, y) < 0).float().mean().item()
+
+    def _g_step(self, D, opt_g, dev) -> float:
+        if self.private:
+            D.disable_hooks()  # no per-example gradients for D on the generator's pass
+        x, y = self._fake(self.hparams.batch_size, dev)
+        loss = F.softplus(-self.D(x, y)).mean()  # -log σ(D(G(z))): non-saturating
+        opt_g.zero_grad(set_to_none=True)
+        loss.backward(inputs=list(self.G.parameters()))  # D's .grad is never touched
+        opt_g.step()
+        if self.private:
+            D.enable_hooks()
+        return loss.item()
+
+    # ----------------------------------------------------------------- sampling
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
+        if labels is None:
+            labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
+        z = torch.randn(n, self.hparams.latent_dim, generator=rng)
+        self.G.eval()
+        out = [self.G(z[i:i + 1024], labels[i:i + 1024]) for i in range(0, n, 1024)]
+        return torch.cat(out).clamp(-1, 1), labels.long()
+
+    def state_dict(self) -> dict:
+        return {
+            "G": self.G.state_dict(),
+            "D": self.D.state_dict(),
+            "hparams": dataclasses.asdict(self.hparams),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.G.load_state_dict(state["G"])
+        self.D.load_state_dict(state["D"])
+        if self.scheduler and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,33 @@
+"""Non-private reference GAN (ε = ∞): the same conditional DCGAN and training loop as
+``dpgan`` without clipping or noise, as the non-private rows of Private GANs Table 2
+(App. B.1: 45K steps, n_D = 1, B = 128, Poisson sampling kept)."""
+
+from __future__ import annotations
+
+from dpgen_bench.api import Budget, PrivacyPart
+from dpgen_bench.errors import UserError
+
+from .dpgan import DPGAN
+
+
+class GAN(DPGAN):
+    """Non-private conditional DCGAN (ε = ∞), the reference row of every table."""
+
+    name = "gan"
+    private = False
+    presets = {
+        "quick": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1)},
+        "tiny": {"*": dict(DPGAN.presets["tiny"]["*"], n_d=1)},
+        "paper": {
+            "mnist": dict(batch_size=128, steps=45_000, n_d=1),
+            "fashion-mnist": dict(batch_size=128, steps=45_000, n_d=1),
+            "celeba-gender-32": dict(batch_size=128, steps=45_000, n_d=1),
+        },
+    }
+
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        if budget.private:
+            raise UserError(f"method '{self.name}' is not private (ε = ∞): drop --eps")
+        if self.hparams.steps is None:
+            raise UserError(f"'{self.name}' needs --set steps=N")
+        return []

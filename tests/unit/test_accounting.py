@@ -1,0 +1,96 @@
+"""Accounting against the accountants and against the paper's published step counts."""
+
+import math
+
+import pytest
+from opacus.accountants import RDPAccountant
+
+from dpgen_bench.api import Budget, PrivacyPart
+from dpgen_bench.errors import PrivacyViolation, UserError
+from dpgen_bench.privacy import PrivacyLedger, calibrate_noise, compose_prv, compose_rdp, steps_for_budget
+from dpgen_bench.privacy.accounting import _ORDERS
+from dpgen_bench.privacy.ledger import planned_report
+
+Q = 64 / 1437
+
+
+@pytest.mark.parametrize("eps", [0.2, 1.0, 2.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-6])
+def test_calibrated_noise_spends_at_most_and_close_to_target(eps, delta):
+    sigma = calibrate_noise(target_epsilon=eps, target_delta=delta, sample_rate=Q, steps=500)
+    spent = compose_rdp([PrivacyPart("d", sigma, Q, 500)], delta)
+    assert spent <= eps
+    assert spent >= 0.95 * eps
+
+
+def test_known_value_from_facts():
+    # FACTS.md: digits, q=64/1437, 500 steps, δ=1e-5 → σ≈4.18 for ε=1, PRV ε≈0.91.
+    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=500)
+    assert sigma == pytest.approx(4.18, abs=0.02)
+    prv = compose_prv([PrivacyPart("d", sigma, Q, 500)], 1e-5)
+    assert 0.88 < prv < 0.95
+
+
+def test_composition_of_two_parts_equals_the_accountants():
+    a = PrivacyPart("a", 1.1, 0.01, 3000)
+    b = PrivacyPart("b", 3.0, 0.05, 700)
+    acc = RDPAccountant()
+    acc.history = [(1.1, 0.01, 3000), (3.0, 0.05, 700)]
+    assert compose_rdp([a, b], 1e-5) == pytest.approx(acc.get_epsilon(1e-5, alphas=_ORDERS), rel=1e-12)
+    # composition is worse than either part alone and better than their sum
+    ea, eb = compose_rdp([a], 1e-5), compose_rdp([b], 1e-5)
+    assert max(ea, eb) < compose_rdp([a, b], 1e-5) < ea + eb
+
+
+def test_prv_is_tighter_than_rdp_on_a_known_config():
+    parts = [PrivacyPart("d", 1.0, 128 / 60000, 450_000)]  # Private GANs §4.1 setting
+    rdp, prv = compose_rdp(parts, 1e-5), compose_prv(parts, 1e-5)
+    assert rdp <= 10.0
+    assert prv < rdp
+
+
+def test_steps_for_budget_is_the_largest_admissible():
+    t = steps_for_budget(target_epsilon=2.0, target_delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
+    eps = lambda n: compose_rdp([PrivacyPart("d", 1.5, Q, n)], 1e-5)  # noqa: E731
+    assert eps(t) <= 2.0 < eps(t + 1)
+
+
+@pytest.mark.parametrize("eps,sigma,paper_steps", [(10, 2.0, 174_000), (1, 14.0, 165_000)])
+def test_paper_step_counts(eps, sigma, paper_steps):
+    # Private GANs Table 7: MNIST, B=512 → T=174K (σ=2, ε=10) and 165K (σ=14, ε=1).
+    t = steps_for_budget(target_epsilon=eps, target_delta=1e-5, sample_rate=512 / 60000, noise_multiplier=sigma)
+    assert t == pytest.approx(paper_steps, rel=0.03)
+
+
+def test_ledger_refuses_overspending_and_undeclared_parts():
+    budget = Budget(1.0, 1e-5)
+    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=10)
+    ledger = PrivacyLedger(budget, [PrivacyPart("d", sigma, Q, 10)])
+    ledger.spend("d", 10)
+    with pytest.raises(PrivacyViolation):
+        ledger.spend("d")
+    with pytest.raises(PrivacyViolation):
+        ledger.spend("other")
+    rep = ledger.report()
+    assert rep.parts[0].steps == 10 and rep.epsilon_rdp <= 1.0
+
+
+def test_ledger_refuses_a_plan_over_target():
+    with pytest.raises(PrivacyViolation):
+        PrivacyLedger(Budget(1.0, 1e-5), [PrivacyPart("d", 0.5, Q, 1000)])
+
+
+def test_report_counts_steps_actually_taken():
+    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=100)
+    ledger = PrivacyLedger(Budget(1.0, 1e-5), [PrivacyPart("d", sigma, Q, 100)])
+    ledger.spend("d", 40)
+    partial = ledger.report()
+    full = planned_report(Budget(1.0, 1e-5), [PrivacyPart("d", sigma, Q, 100)])
+    assert partial.parts[0].steps == 40
+    assert partial.epsilon_rdp < full.epsilon_rdp <= 1.0
+
+
+@pytest.mark.parametrize("eps,delta", [(0, 1e-5), (-1, 1e-5), (math.inf, 1e-5), (1, 0), (1, 1.0)])
+def test_invalid_targets_are_user_errors(eps, delta):
+    with pytest.raises(UserError):
+        calibrate_noise(target_epsilon=eps, target_delta=delta, sample_rate=Q, steps=10)

@@ -1,0 +1,135 @@
+"""The DPSGD discriminator step against the math of Algorithm 1, and adaptive n_D."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
+from dpgen_bench.privacy.dpsgd import make_private
+from methods.dpgan import N_D_SCHEDULE, AdaptiveNd
+
+SHAPE = (1, 16, 16)
+
+
+def _batch(n_real=6, n_fake=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n_real + n_fake, *SHAPE, generator=g) * 2 - 1
+    y = torch.randint(0, 10, (n_real + n_fake,), generator=g)
+    t = torch.cat([torch.ones(n_real), torch.zeros(n_fake)])
+    return x, y, t
+
+
+def _per_example_grads(D, x, y, t):
+    grads = []
+    for i in range(len(x)):
+        D.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), t[i:i + 1])
+        loss.backward()
+        grads.append([p.grad.detach().clone() for p in D.parameters()])
+    return grads
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+def test_per_example_gradients_are_clipped_to_C_and_averaged_over_2B(mode):
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator(SHAPE, 10, width=8)
+    ref = ConditionalDiscriminator(SHAPE, 10, width=8)
+    ref.load_state_dict(D.state_dict())
+    x, y, t = _batch()
+    C, B = 0.05, 6  # small C so that every example is clipped
+    expected = _per_example_grads(ref, x, y, t)
+    norms = [torch.sqrt(sum((g ** 2).sum() for g in gs)) for gs in expected]
+    assert min(norms) > C
+    clipped_sum = [sum(gs[k] * min(1.0, C / n) for gs, n in zip(expected, norms)) for k in range(len(expected[0]))]
+
+    opt = torch.optim.SGD(D.parameters(), lr=0.0)
+    gsm, dp_opt = make_private(D, opt, noise_multiplier=0.0, max_grad_norm=C, expected_batch_size=2 * B,
+                               grad_sample_mode=mode)
+    loss = F.binary_cross_entropy_with_logits(gsm(x, y), t)
+    loss.backward()
+    # Opacus' per-example gradients are those of the per-example losses
+    for p, k in zip(D.parameters(), range(len(expected[0]))):
+        for i in (0, 5, 11):
+            torch.testing.assert_close(p.grad_sample[i], expected[i][k], rtol=1e-4, atol=1e-6)
+    dp_opt.step()
+    for p, s in zip(D.parameters(), clipped_sum):
+        torch.testing.assert_close(p.grad, s / (2 * B), rtol=1e-4, atol=1e-7)
+
+
+def test_noise_std_is_sigma_C_over_expected_batch_size():
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator(SHAPE, 10, width=48)
+    sigma, C, ebs = 1.3, 0.7, 64
+    gen = torch.Generator().manual_seed(123)
+    opt = torch.optim.SGD(D.parameters(), lr=0.0)
+    gsm, dp_opt = make_private(D, opt, noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=ebs,
+                               noise_generator=gen)
+    x, y, t = _batch()
+    loss = 0.0 * F.binary_cross_entropy_with_logits(gsm(x, y), t)  # zero gradient: pure noise remains
+    loss.backward()
+    dp_opt.step()
+    noise = torch.cat([p.grad.flatten() for p in D.parameters()])
+    assert noise.numel() > 50_000
+    expected = sigma * C / ebs
+    # std of a sample std with n ≈ 1e5 is ≈ expected/sqrt(2n): 1% is > 4 standard errors
+    assert noise.std().item() == pytest.approx(expected, rel=0.01)
+    assert abs(noise.mean().item()) < 4 * expected / noise.numel() ** 0.5
+
+
+def test_generator_step_leaves_discriminator_gradients_alone():
+    from methods.dpgan import DPGAN, DPGANHparams
+    from dpgen_bench.api import DataInfo
+
+    m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
+    opt_d = torch.optim.Adam(m.D.parameters())
+    gsm, _ = make_private(m.D, opt_d, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=16)
+    opt_g = torch.optim.Adam(m.G.parameters())
+    before = [p.detach().clone() for p in m.G.parameters()]
+    m._g_step(gsm, opt_g, torch.device("cpu"))
+    assert all(p.grad is None for p in m.D.parameters())
+    assert all(getattr(p, "grad_sample", None) is None for p in m.D.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, m.G.parameters()))
+
+
+def test_adaptive_n_d_follows_schedule_with_grace():
+    s = AdaptiveNd(beta=0.9, threshold=0.6, grace=None)
+    assert s.grace == 20 and s.n_d == 1
+    history = []
+    for _ in range(25):  # accuracy 0.9: EMA above the threshold, stays at 1
+        s.observe(0.9)
+        history.append(s.n_d)
+    assert set(history) == {1}
+    changes = []
+    for k in range(400):  # accuracy 0.3: EMA drops below 0.6, then moves every `grace` steps
+        if s.observe(0.3):
+            changes.append((k, s.n_d))
+    assert [n for _, n in changes][:4] == list(N_D_SCHEDULE[1:5])
+    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
+    assert all(g == 20 for g in gaps)
+    # EMA after k observations of 0.3 from 0.9 is 0.3 + 0.6·0.9^k ≤ 0.6 first at k = 7 (index 6);
+    # the grace period (20) had already passed during the 25 high-accuracy steps.
+    assert changes[0][0] == 6
+
+
+def test_adaptive_schedule_saturates_at_the_last_value():
+    s = AdaptiveNd(beta=0.5, threshold=0.6, grace=1)
+    for _ in range(100):
+        s.observe(0.0)
+    assert s.n_d == N_D_SCHEDULE[-1]
+
+
+def test_generator_and_discriminator_shapes():
+    for shape in [(1, 16, 16), (1, 28, 28), (3, 32, 32)]:
+        G = ConditionalGenerator(shape, 10, 16, 8)
+        D = ConditionalDiscriminator(shape, 10, 16)
+        x = G(torch.randn(3, 8), torch.tensor([0, 1, 2]))
+        assert x.shape == (3, *shape) and x.abs().max() <= 1
+        assert D(x, torch.tensor([0, 1, 2])).shape == (3,)
+
+
+def test_paper_parameter_counts():
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(ConditionalDiscriminator((1, 28, 28), 10, 128)) == pytest.approx(1.72e6, rel=0.01)
+    assert count(ConditionalGenerator((1, 28, 28), 10, 128, 128)) == pytest.approx(2.27e6, rel=0.01)
+    assert count(ConditionalDiscriminator((3, 32, 32), 2, 128)) == pytest.approx(2.64e6, rel=0.01)
+    assert count(ConditionalGenerator((3, 32, 32), 2, 128, 128)) == pytest.approx(3.16e6, rel=0.01)
