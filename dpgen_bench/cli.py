@@ -16,10 +16,18 @@ from .errors import PrivacyViolation, UserError
 log = logging.getLogger("dpgen_bench")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    def emit(self, record):
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("dpgen_bench")
     if not logger.handlers:
-        h = logging.StreamHandler(sys.stderr)
+        h = _StderrHandler(sys.stderr)
         h.setFormatter(logging.Formatter("[bench] %(message)s"))
         logger.addHandler(h)
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)

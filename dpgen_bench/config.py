@@ -86,15 +86,16 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             if type(None) in args:
                 return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return coerce(key, value, options[0])
+        for a in options:
             try:
                 return coerce(key, value, a)
-            except UserError as e:
-                errors.append(str(e))
-        raise UserError(f"--set {key}: cannot read {value!r} as {annotation}")
+            except UserError:
+                pass
+        names = " or ".join(_type_name(a) for a in options)
+        raise UserError(f"--set {key}: expected {names}, got {value!r}")
     if origin is typing.Literal:
         if value in args:
             return value
@@ -128,6 +129,12 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     if annotation is str:
         return str(value)
     return value
+
+
+def _type_name(a: Any) -> str:
+    if typing.get_origin(a) is typing.Literal:
+        return " or ".join(repr(x) for x in typing.get_args(a))
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(a, str(a))
 
 
 def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict[str, Any]):

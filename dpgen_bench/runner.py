@@ -132,11 +132,19 @@ def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> 
     else:
         parent = store.results_root(results)
         run_dir = parent / store.new_run_id(config.method, config.dataset, config.epsilon, config.seed)
-    probe = parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write the run directory under {parent}: not writable")
+    missing = [d for d in [run_dir, *run_dir.parents] if not d.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        for d in missing:  # leave nothing behind
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
     return run_dir
 
 

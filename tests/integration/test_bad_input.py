@@ -1,0 +1,74 @@
+"""User mistakes: one clear line on stderr, exit code 2, no run directory left behind."""
+
+import os
+
+import pytest
+
+from dpgen_bench.cli import cli
+
+CASES = [
+    (["run", "--method", "nope", "--eps", "1"], "unknown method 'nope'"),
+    (["run", "--method", "dpgn", "--eps", "1"], "did you mean 'dpgan'"),
+    (["run", "--method", "dpgan", "--dataset", "digitz", "--eps", "1"], "did you mean 'digits'"),
+    (["run", "--method", "dpgan", "--eps", "1", "--preset", "quik"], "did you mean 'quick'"),
+    (["run", "--method", "dpgan", "--dataset", "digits", "--eps", "1", "--preset", "paper"], "no settings for dataset"),
+    (["run", "--method", "dpgan", "--eps", "0"], "--eps must be > 0"),
+    (["run", "--method", "dpgan", "--eps", "-3"], "--eps must be > 0"),
+    (["run", "--method", "dpgan", "--eps", "inf"], "--eps must be finite"),
+    (["run", "--method", "dpgan"], "--eps is required"),
+    (["run", "--method", "gan", "--eps", "1"], "not private"),
+    (["run", "--method", "dpgan", "--eps", "1", "--delta", "1"], "--delta must be in (0, 1)"),
+    (["run", "--method", "dpgan", "--eps", "1", "--delta", "0"], "--delta must be in (0, 1)"),
+    (["run", "--method", "dpgan", "--eps", "abc"], "is not a valid float"),
+    (["run", "--method", "dpgan", "--eps", "1", "--members", "5000"], "--members must be between 1 and 360"),
+    (["run", "--method", "dpgan", "--eps", "1", "--members", "0"], "--members must be between"),
+    (["run", "--method", "dpgan", "--eps", "1", "--set", "stepz=3"], "did you mean 'steps'"),
+    (["run", "--method", "dpgan", "--eps", "1", "--set", "steps=abc"], "expected an integer"),
+    (["run", "--method", "dpgan", "--eps", "1", "--set", "steps"], "KEY=VALUE"),
+    (["run", "--method", "dpgan", "--eps", "1", "--n-d", "zero"], "--n-d must be"),
+    (["run", "--method", "dpgan", "--eps", "1", "--eval", "fidd"], "unknown evaluator 'fidd'"),
+    (["run", "--method", "dpgan", "--eps", "1", "--device", "cuda:7"], None),
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "missing.yaml"], "cannot read config file"),
+    (["run", "--method", "dpgan", "--eps", "1", "--bogus"], "No such option"),
+    (["report", "--results", "does/not/exist"], "no results directory"),
+    (["list", "things"], "Invalid value"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0][:5]) for c in CASES])
+def test_user_mistake_is_one_line_exit_2(cli_runner, results, args, message):
+    import torch
+
+    if "cuda:7" in args and torch.cuda.is_available():
+        pytest.skip("machine has CUDA")
+    res = cli_runner.invoke(cli, args + (["--preset", "tiny"] if args[0] == "run" and "--preset" not in args else []))
+    assert res.exit_code == 2, (res.output, res.stderr, res.exception)
+    lines = [x for x in res.stderr.splitlines() if x.strip() and not x.startswith("[bench]")]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    if message:
+        assert message in lines[0]
+    assert "Traceback" not in res.stderr
+    assert not results.exists() or not any(results.iterdir())
+
+
+def test_unwritable_out(cli_runner, results, tmp_path):
+    if os.geteuid() == 0:
+        target = "/proc/dpgen-cannot-write/run"  # root can write anywhere else
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        target = str(ro / "run")
+    res = cli_runner.invoke(cli, ["run", "--method", "dpgan", "--eps", "1", "--preset", "tiny", "--out", target])
+    assert res.exit_code == 2
+    assert "cannot write the run directory" in res.stderr
+    assert not os.path.exists(target)
+
+
+def test_out_not_empty(cli_runner, results, tmp_path):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "x").write_text("x")
+    res = cli_runner.invoke(cli, ["run", "--method", "dpgan", "--eps", "1", "--preset", "tiny", "--out", str(out)])
+    assert res.exit_code == 2 and "not empty" in res.stderr

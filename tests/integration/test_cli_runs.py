@@ -1,0 +1,145 @@
+"""End to end through the CLI on digits with the tiny preset: records and report."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dpgen_bench.cli import cli
+
+
+def _run(cli_runner, *args):
+    res = cli_runner.invoke(cli, list(args))
+    assert res.exit_code == 0, (res.output, res.stderr, res.exception)
+    return res
+
+
+def _only_run_dir(root):
+    dirs = [p for p in root.iterdir() if p.is_dir()]
+    assert len(dirs) == 1
+    return dirs[0]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    from click.testing import CliRunner
+
+    root = tmp_path_factory.mktemp("runs")
+    runner = CliRunner()
+    for args in (["--method", "dpgan", "--eps", "5"], ["--method", "gan"]):
+        res = runner.invoke(cli, ["run", *args, "--dataset", "digits", "--preset", "tiny", "--results", str(root),
+                                  "--set", "log_every=5"])
+        assert res.exit_code == 0, (res.output, res.exception)
+    return root
+
+
+def test_records_have_the_schema(two_runs):
+    dirs = sorted(p for p in two_runs.iterdir() if p.is_dir())
+    assert len(dirs) == 2
+    for d in dirs:
+        for f in ("config.json", "env.json", "privacy.json", "train.jsonl", "eval.json", "samples.npz", "grid.png",
+                  "checkpoint.pt"):
+            assert (d / f).is_file(), f
+        priv = json.loads((d / "privacy.json").read_text())
+        assert set(priv) == {"private", "target", "parts", "epsilon"}
+        assert set(priv["target"]) == {"epsilon", "delta"}
+        assert set(priv["epsilon"]) == {"rdp", "prv"}
+        ev = json.loads((d / "eval.json").read_text())
+        assert set(ev) >= {"metrics", "protocol"} and "gen2real_cnn" in ev["metrics"]
+        s = np.load(d / "samples.npz")
+        assert s["images"].dtype == np.float32 and s["labels"].dtype == np.int64
+        assert s["images"].ndim == 4 and s["images"].min() >= -1 and s["images"].max() <= 1
+        assert len(s["images"]) == len(s["labels"]) == 10 * 10  # tiny preset: 10 per class
+        env = json.loads((d / "env.json").read_text())
+        assert {"packages", "device", "git", "python", "command"} <= set(env)
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["seed"] == 0 and cfg["preset"] == "tiny" and "hparams" in cfg
+
+
+def test_private_record_spends_at_most_the_target(two_runs):
+    for d in two_runs.iterdir():
+        priv = json.loads((d / "privacy.json").read_text())
+        if not priv["private"]:
+            assert priv["parts"] == [] and priv["epsilon"]["rdp"] == "inf"
+            continue
+        (part,) = priv["parts"]
+        assert part["name"] == "discriminator" and part["mechanism"] == "subsampled_gaussian"
+        assert part["steps"] == 60 and part["sample_rate"] == pytest.approx(32 / 1437)
+        assert priv["epsilon"]["rdp"] <= priv["target"]["epsilon"] == 5.0
+        assert priv["epsilon"]["prv"] <= priv["epsilon"]["rdp"]
+        lines = [json.loads(x) for x in (d / "train.jsonl").read_text().splitlines()]
+        assert lines and all("n_d" in x and "d_loss" in x for x in lines)
+
+
+def test_report_shows_both(two_runs, cli_runner):
+    res = _run(cli_runner, "report", "--results", str(two_runs))
+    table = res.output
+    assert "| dpgan | digits |" in table and "| gan | digits |" in table
+    assert "gen2real_cnn ↑" in table and "∞" in table
+
+
+def test_report_skips_incomplete_runs(two_runs, cli_runner, tmp_path):
+    import shutil
+
+    root = tmp_path / "r"
+    shutil.copytree(two_runs, root)
+    victim = sorted(root.iterdir())[0]
+    (victim / "eval.json").unlink()
+    res = _run(cli_runner, "report", "--results", str(root))
+    assert res.output.count("| digits |") == 1
+    assert "skipped 1 incomplete" in res.stderr
+
+
+def test_adaptive_n_d_run_logs_schedule(cli_runner, results):
+    _run(cli_runner, "run", "--method", "dpgan", "--eps", "10", "--preset", "tiny", "--n-d", "adaptive",
+         "--set", "adaptive_grace=3", "--set", "adaptive_threshold=0.99", "--set", "steps=80")
+    d = _only_run_dir(results)
+    lines = [json.loads(x) for x in (d / "train.jsonl").read_text().splitlines()]
+    assert all(x["d_fake_acc_ema"] is not None for x in lines)
+    n_ds = [x["n_d"] for x in lines]
+    assert n_ds[0] == 1 and max(n_ds) >= 5  # threshold 0.99: moves every 3 G steps
+    assert json.loads((d / "config.json").read_text())["hparams"]["n_d"] == "adaptive"
+
+
+def test_members_subset_writes_membership(cli_runner, results):
+    _run(cli_runner, "run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--members", "64")
+    d = _only_run_dir(results)
+    m = np.load(d / "membership.npz")
+    assert len(m["member_indices"]) == len(m["nonmember_indices"]) == 64
+    assert m["member_indices"].max() < 1437 and m["nonmember_indices"].max() < 360
+    priv = json.loads((d / "privacy.json").read_text())
+    assert priv["parts"][0]["sample_rate"] == pytest.approx(min(1.0, 32 / 64))
+
+
+def test_privacy_command_matches_the_run(cli_runner, results):
+    res = _run(cli_runner, "privacy", "--method", "dpgan", "--dataset", "digits", "--eps", "1")
+    assert "| discriminator | subsampled_gaussian |" in res.output
+    assert "composed epsilon" in res.output and "(PRV upper bound)" in res.output
+    assert not results.exists()  # nothing trained, nothing written
+
+
+def test_list(cli_runner):
+    out = _run(cli_runner, "list", "methods").output
+    assert "dpgan" in out and "gan" in out and "dummy" not in out
+    assert "digits" in _run(cli_runner, "list", "datasets").output
+    assert "gen2real_cnn" in _run(cli_runner, "list", "evaluators").output
+    presets = _run(cli_runner, "list", "presets").output
+    assert "dpgan\tquick\tdigits" in presets and "dpgan\tpaper\t" in presets
+
+
+def test_dry_run_prints_plan_without_writing(cli_runner, results):
+    res = _run(cli_runner, "run", "--method", "dpgan", "--eps", "1", "--dry-run")
+    plan = json.loads(res.output)
+    assert plan["privacy_plan"]["epsilon"]["rdp"] <= 1.0
+    assert plan["config"]["hparams"]["steps"] == 1500 or plan["config"]["hparams"]["steps"] > 0
+    assert not results.exists()
+
+
+def test_dummy_overspending_fails_the_run(cli_runner, results):
+    res = cli_runner.invoke(cli, ["run", "--method", "dummy", "--eps", "1", "--preset", "tiny", "--set",
+                                  "overspend=1"])
+    assert res.exit_code == 3
+    assert "privacy violation" in res.stderr
+    d = _only_run_dir(results)
+    assert not (d / "eval.json").exists() and not (d / "privacy.json").exists()
+    assert json.loads((d / "failed.json").read_text())["phase"] == "fit"
