@@ -215,6 +215,13 @@ class Method(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
 
+    # Optional: latent access for white-box / partial black-box membership attacks.
+    latent_dim: int | None = None
+
+    def generate(self, z: Tensor, labels: Tensor | None) -> Tensor:
+        """The generator as a differentiable function of its latent input (CPU)."""
+        raise NotImplementedError(f"method '{self.name}' does not expose its generator's input")
+
 
 # --------------------------------------------------------------------- evaluators
 

@@ -188,6 +188,22 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
     click.echo("\n".join(lines))
 
 
+# ------------------------------------------------------------------------ eval
+
+
+@cli.command("eval")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: the run's].")
+@click.option("--data-root", default=None, help="Root of local dataset files.")
+def eval_(run_dir, evaluators, data_root):
+    """Re-evaluate a finished run from its checkpoint (no training); merge into eval.json."""
+    from . import runner
+
+    names = tuple(e.strip() for e in evaluators.split(",") if e.strip()) if evaluators else None
+    result = runner.reevaluate(run_dir, names, data_root)
+    click.echo("\n".join(f"{k}: {v:.4f}" for k, v in result["metrics"].items()))
+
+
 # --------------------------------------------------------------------- privacy
 
 

@@ -92,4 +92,11 @@ methods.register("dpgan", "methods.dpgan:DPGAN")
 methods.register("gan", "methods.gan:GAN")
 methods.register("dummy", "methods.dummy:Dummy", hidden=True)
 evaluators.register("gen2real_cnn", "evaluators.transfer:Gen2RealCNN")
+evaluators.register("gen2real_mlp", "evaluators.transfer:Gen2RealMLP")
+evaluators.register("real2gen_cnn", "evaluators.transfer:Real2GenCNN")
+evaluators.register("real2gen_mlp", "evaluators.transfer:Real2GenMLP")
+for _attack, _cls in (("full_black_box", "MIAFullBlackBox"), ("partial_black_box", "MIAPartialBlackBox"),
+                      ("white_box", "MIAWhiteBox")):
+    evaluators.register(f"mia_auc_{_attack}", f"evaluators.mia:{_cls}")
+    evaluators.register(f"mia_auc_{_attack}_calibrated", f"evaluators.mia:{_cls}Calibrated")
 datasets.register("digits", "dpgen_bench.data.digits:load_digits_data")

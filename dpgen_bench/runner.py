@@ -220,6 +220,51 @@ def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None) -> 
     return {"metrics": metrics, "protocol": protocol}
 
 
+def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str | None = None) -> dict[str, Any]:
+    """Re-run evaluators on a finished run from its checkpoint and samples (no training);
+    merge the metrics into ``eval.json`` atomically."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file() or not (run_dir / "checkpoint.pt").is_file():
+        raise UserError(f"{run_dir} is not a finished run directory (no config.json / checkpoint.pt)")
+    raw = store.read_json(run_dir / "config.json")
+    raw.pop("run_id", None)
+    cfg = RunConfig.from_json(raw)
+    if evaluators:
+        cfg = dataclasses.replace(cfg, evaluators=tuple(evaluators))
+    method_cls = registry.methods.get(cfg.method)
+    for name in cfg.evaluators:
+        registry.evaluators.get(name)
+    from .data import load_dataset
+
+    data = load_dataset(cfg.dataset, root=data_root)
+    if (run_dir / "membership.npz").is_file():
+        m = np.load(run_dir / "membership.npz")
+        data = dataclasses.replace(data, train=data.train.subset(m["member_indices"]),
+                                   member_indices=m["member_indices"], nonmember_indices=m["nonmember_indices"])
+    info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
+    method = method_cls(method_cls.Hparams(**cfg.hparams), info)
+    try:
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu")
+        method.load_state_dict(state)
+    except Exception as e:  # noqa: BLE001 - a corrupt or truncated checkpoint is the user's file
+        raise UserError(f"cannot load {run_dir / 'checkpoint.pt'}: {type(e).__name__}: {e}") from None
+    samples = np.load(run_dir / "samples.npz")
+    images = torch.from_numpy(samples["images"])
+    labels = torch.from_numpy(samples["labels"]) if method.conditional else None
+    budget = budget_of(cfg, method_cls)
+    p = Prepared(cfg, method_cls, method, data, budget, [], resolve_device(cfg.device))
+    seed_everything(cfg.seed)
+    result = evaluate(p, images, labels)
+    old = store.read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else {"metrics": {},
+                                                                                              "protocol": {}}
+    old["metrics"].update(result["metrics"])
+    timings = {**old["protocol"].get("timings", {}), **result["protocol"].pop("timings", {})}
+    old["protocol"].update(result["protocol"])
+    old["protocol"]["timings"] = timings
+    store.write_json(run_dir / store.COMPLETE_MARKER, old)
+    return old
+
+
 def save_grid(images: torch.Tensor, labels: torch.Tensor, class_names, path: Path, per_class: int = 10) -> None:
     """A labelled grid: one row per class, ``per_class`` samples each."""
     import matplotlib

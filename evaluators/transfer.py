@@ -1,5 +1,14 @@
-"""gen2real: train a classifier on the labelled synthetic set, test it on the real test
-split (Private GANs §4.1 "Evaluation"; DP-GAN-DPAC §5).
+"""gen2real / real2gen transfer accuracy (DP-GAN-DPAC §5, "Evaluation metrics").
+
+- gen2real: train a classifier on the labelled synthetic set, test it on the real test
+  split (Private GANs §4.1 "Evaluation").
+- real2gen: train on the real training split, test on the synthetic set (DPAC's
+  "reversed utility"; GS-WGAN's ``eval_sklearn.py`` tests on at most 10,000 synthetic
+  images, as here).
+
+MLP: scikit-learn's ``MLPClassifier`` with its defaults (one hidden layer of 100 ReLU
+units, Adam, ≤ 200 epochs) on pixels scaled to [0, 1], as GS-WGAN's evaluation code does
+(``evaluation/eval_sklearn.py``), on which DP-GAN-DPAC builds; seeded.
 
 Classifier (CNN): the Private GANs authors' ``eval/acc.py`` network — conv 3×3 (32) →
 ReLU → conv 3×3 (64) → ReLU → max-pool 2 → dropout 0.25 → FC 128 → ReLU → dropout 0.5
@@ -70,19 +79,72 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed
                    "batch_size": batch_size, "lr": lr, "n_train": len(fit), "n_holdout": n_hold}
 
 
-class Gen2RealCNN(Evaluator):
-    """Accuracy on the real test split of a CNN trained on the synthetic set."""
+MAX_REAL2GEN_TEST = 10_000
 
-    name = "gen2real_cnn"
+
+def mlp_accuracy(x_train, y_train, x_test, y_test, *, seed: int) -> tuple[float, dict]:
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    def flat(x):  # [-1, 1] NCHW → [0, 1] rows
+        return ((x.reshape(len(x), -1).cpu().numpy() + 1) / 2).astype("float32")
+
+    clf = MLPClassifier(random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(flat(x_train), y_train.cpu().numpy())
+    acc = float((clf.predict(flat(x_test)) == y_test.cpu().numpy()).mean())
+    return acc, {"classifier": "mlp (sklearn MLPClassifier defaults, GS-WGAN eval_sklearn.py)",
+                 "hidden_layer_sizes": list(clf.hidden_layer_sizes), "n_iter": int(clf.n_iter_)}
+
+
+class _Transfer(Evaluator):
+    direction: str  # "gen2real" | "real2gen"
+    classifier: str  # "cnn" | "mlp"
     higher_is_better = True
 
     def evaluate(self, run: EvalInput) -> dict[str, Any]:
-        if run.labels is None:  # not applicable, never 0
+        if run.labels is None:  # not applicable to an unconditional generator: no metric, never 0
             return {"metrics": {}, "protocol": {"skipped": "unconditional generator"}}
         data = run.data
-        model = CNN(data.image_shape, data.num_classes)
-        model, proto = train_classifier(model, run.images, run.labels, seed=run.seed)
-        acc = accuracy(model, data.test.images.cpu(), data.test.labels.cpu())
-        proto.update({"classifier": "cnn (Private GANs acc.py)", "train_on": "synthetic", "test_on": "real test",
-                      "n_test": len(data.test)})
-        return {"metrics": {self.name: acc}, "protocol": proto}
+        gen_x, gen_y = run.images.cpu(), run.labels.cpu()
+        if self.direction == "gen2real":
+            (x_tr, y_tr), (x_te, y_te) = (gen_x, gen_y), (data.test.images.cpu(), data.test.labels.cpu())
+            where = {"train_on": f"synthetic ({len(gen_x)})", "test_on": f"real test ({len(data.test)})"}
+        else:
+            n = min(len(gen_x), MAX_REAL2GEN_TEST)
+            (x_tr, y_tr), (x_te, y_te) = (data.train.images.cpu(), data.train.labels.cpu()), (gen_x[:n], gen_y[:n])
+            where = {"train_on": f"real train ({len(data.train)})", "test_on": f"synthetic ({n})"}
+        if self.classifier == "cnn":
+            model, proto = train_classifier(CNN(data.image_shape, data.num_classes), x_tr, y_tr, seed=run.seed)
+            acc = accuracy(model, x_te, y_te)
+            proto["classifier"] = "cnn (Private GANs acc.py)"
+        else:
+            acc, proto = mlp_accuracy(x_tr, y_tr, x_te, y_te, seed=run.seed)
+        return {"metrics": {self.name: acc}, "protocol": {**proto, **where}}
+
+
+class Gen2RealCNN(_Transfer):
+    """Accuracy on the real test split of a CNN trained on the synthetic set."""
+
+    name, direction, classifier = "gen2real_cnn", "gen2real", "cnn"
+
+
+class Gen2RealMLP(_Transfer):
+    """Accuracy on the real test split of an MLP trained on the synthetic set."""
+
+    name, direction, classifier = "gen2real_mlp", "gen2real", "mlp"
+
+
+class Real2GenCNN(_Transfer):
+    """Accuracy on the synthetic set of a CNN trained on the real training split."""
+
+    name, direction, classifier = "real2gen_cnn", "real2gen", "cnn"
+
+
+class Real2GenMLP(_Transfer):
+    """Accuracy on the synthetic set of an MLP trained on the real training split."""
+
+    name, direction, classifier = "real2gen_mlp", "real2gen", "mlp"

@@ -297,6 +297,14 @@ class DPGAN(Method):
         out = [self.G(z[i:i + 1024], labels[i:i + 1024]) for i in range(0, n, 1024)]
         return torch.cat(out).clamp(-1, 1), labels.long()
 
+    @property
+    def latent_dim(self) -> int:  # type: ignore[override]
+        return self.hparams.latent_dim
+
+    def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        self.G.eval()
+        return self.G(z, labels)
+
     def state_dict(self) -> dict:
         return {
             "G": self.G.state_dict(),
