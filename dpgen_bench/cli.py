@@ -265,20 +265,122 @@ def _first_line(obj) -> str:
 
 @cli.command()
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
-def report(results):
-    """Markdown table of the completed runs (ε target and spent, metrics)."""
+@click.option("--layout", type=click.Choice(["a", "b", "c", "runs"]), default="a",
+              help="a: (ε, method) × (dataset, metric); b: method × metrics for one (dataset, ε); "
+                   "c: MIA AUC per attack and member count; runs: one row per run.")
+@click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layout a) [default: all].")
+@click.option("--dataset", default=None, help="Dataset (layouts b, c) [default: the first].")
+@click.option("--eps", type=float, default=None, help="Target ε (layout b) [default: all].")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "latex", "csv"]), default="markdown")
+@click.option("--out", default=None, help="Write the table to this file instead of stdout.")
+@click.option("--with-references", is_flag=True, help="Add the papers' published numbers as '(paper)' rows.")
+@click.option("--figures", default=None, help="Also write figures (PNG and PDF) into this directory.")
+def report(results, layout, metrics, dataset, eps, fmt, out, with_references, figures):
+    """Comparison tables of the completed runs, in the papers' layouts."""
+    import pandas as pd
+
     from . import store
-    from .report.table import collect, render_markdown, runs_table
+    from .report import table as T
 
     root = store.results_root(results)
     if not root.is_dir():
         raise UserError(f"no results directory at {root}")
-    long, skipped = collect(root)
+    long, skipped = T.collect(root)
     if skipped:
         log.warning("skipped %d incomplete or failed run(s) under %s", skipped, root)
     if long.empty:
         raise UserError(f"no completed runs under {root}")
-    click.echo(render_markdown(runs_table(long)), nl=False)
+    full = long
+    if with_references:
+        from .report.references import load_references
+
+        full = pd.concat([long, load_references()], ignore_index=True)
+    if layout == "runs":
+        tab = T.runs_table(long)
+    else:
+        agg = T.aggregate(full)
+        if layout == "a":
+            chosen = [m.strip() for m in metrics.split(",")] if metrics else None
+            if chosen:
+                unknown = set(chosen) - set(agg["metric"])
+                if unknown:
+                    raise UserError(f"--metric: no runs recorded {sorted(unknown)}")
+            ours_datasets = set(long["dataset"])
+            tab = T.layout_a(agg[agg["dataset"].isin(ours_datasets) if not dataset else agg["dataset"] == dataset],
+                             chosen)
+        elif layout == "b":
+            dataset = dataset or sorted(long["dataset"].unique())[0]
+            tab = T.layout_b(agg, dataset, eps)
+        else:
+            tab = T.layout_c(agg, dataset)
+    if not tab.rows:
+        raise UserError("nothing to report for this selection")
+    text = T.RENDERERS[fmt](tab)
+    if out:
+        from pathlib import Path
+
+        with store.atomic_open(Path(out), "w") as f:
+            f.write(text)
+        log.info("wrote %s", out)
+    else:
+        click.echo(text, nl=False)
+    if figures:
+        from pathlib import Path
+
+        from .report.figures import all_figures
+
+        paths = all_figures(full, T.aggregate(full), root, Path(figures))
+        log.info("wrote %d figure files to %s", len(paths), figures)
+
+
+# ----------------------------------------------------------------------- sweep
+
+
+@cli.command()
+@click.argument("grid_file", required=False)
+@click.option("--method", "-m", default=None, help="Comma-separated methods.")
+@click.option("--dataset", "-d", default=None, help="Comma-separated datasets [default: digits].")
+@click.option("--eps", default=None, help="Comma-separated target ε (ignored for non-private methods).")
+@click.option("--seeds", default=None, help="Comma-separated seeds [default: 0].")
+@click.option("--preset", default=None, help="Preset [default: quick].")
+@click.option("--members", default=None, help="Comma-separated member-set sizes (membership inference).")
+@click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: each preset's].")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a method setting in every cell.")
+@click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local")
+@click.option("--jobs", type=int, default=1, help="Local worker processes.")
+@click.option("--address", default=None, help="Ray cluster address [default: start a local instance].")
+@click.option("--data-root", default=None, help="Root of local dataset files.")
+@click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
+def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, sets, results, engine, jobs, address,
+          data_root, no_report):
+    """Run a grid of runs, skipping cells already complete, then print the report."""
+    from . import store
+    from .sweep import expand, run_sweep
+
+    grid = load_config_file(grid_file) if grid_file else {}
+    flags = {"method": method, "dataset": dataset, "eps": eps, "seeds": seeds, "preset": preset,
+             "members": members, "eval": evaluators}
+    grid.update({k: v for k, v in flags.items() if v is not None})
+    if sets:
+        grid["set"] = {**(grid.get("set") or {}), **parse_set(sets)}
+    if jobs < 1:
+        raise UserError("--jobs must be ≥ 1")
+    root = store.results_root(results)
+    cells = expand(grid, build_config)
+    counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root)
+    log.info("sweep finished: %d ran, %d skipped (complete), %d failed", counts["ran"], counts["done"],
+             counts["failed"])
+    if not no_report:
+        from .report import table as T
+
+        long, _ = T.collect(root)
+        names = {c.run_name for c in cells}
+        long = long[long["run_id"].isin(names)]
+        if not long.empty:
+            click.echo(T.render_markdown(T.layout_a(T.aggregate(long))), nl=False)
+    if counts["failed"]:
+        sys.exit(1)
 
 
 def main() -> None:  # console-script entry point

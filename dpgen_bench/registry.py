@@ -32,13 +32,17 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self._items: dict[str, T | str] = {}
         self._hidden: set[str] = set()
+        self._meta: dict[str, dict] = {}
         self._entry_points_loaded = False
 
-    def register(self, name: str, obj: T | str, *, replace: bool = False, hidden: bool = False) -> None:
-        """Register ``obj`` (or a lazy ``"module:attr"`` reference) under ``name``."""
+    def register(self, name: str, obj: T | str, *, replace: bool = False, hidden: bool = False,
+                 **meta) -> None:
+        """Register ``obj`` (or a lazy ``"module:attr"`` reference) under ``name``. ``meta``
+        holds cheap attributes (e.g. ``higher_is_better``) readable without importing."""
         if name in self._items and not replace:
             raise ValueError(f"{self.kind} '{name}' is already registered")
         self._items[name] = obj
+        self._meta[name] = meta
         if hidden:
             self._hidden.add(name)
         else:
@@ -58,6 +62,13 @@ class Registry(Generic[T]):
         for ep in entry_points(group=self.entry_point_group):
             if ep.name not in self._items:
                 self._items[ep.name] = ep.value
+
+    def attribute(self, name: str, attr: str):
+        """An attribute of a registered object, from its registration metadata when given
+        (no import), else from the object itself."""
+        if attr in self._meta.get(name, {}):
+            return self._meta[name][attr]
+        return getattr(self.get(name), attr)
 
     def names(self, *, include_hidden: bool = False) -> list[str]:
         self._load_entry_points()
@@ -91,12 +102,14 @@ datasets: Registry = Registry("dataset", "dpgen_bench.datasets")
 methods.register("dpgan", "methods.dpgan:DPGAN")
 methods.register("gan", "methods.gan:GAN")
 methods.register("dummy", "methods.dummy:Dummy", hidden=True)
-evaluators.register("gen2real_cnn", "evaluators.transfer:Gen2RealCNN")
-evaluators.register("gen2real_mlp", "evaluators.transfer:Gen2RealMLP")
-evaluators.register("real2gen_cnn", "evaluators.transfer:Real2GenCNN")
-evaluators.register("real2gen_mlp", "evaluators.transfer:Real2GenMLP")
+evaluators.register("fid", "evaluators.fid:FID", higher_is_better=False)
+evaluators.register("kid", "evaluators.fid:KID", higher_is_better=False)
+evaluators.register("gen2real_cnn", "evaluators.transfer:Gen2RealCNN", higher_is_better=True)
+evaluators.register("gen2real_mlp", "evaluators.transfer:Gen2RealMLP", higher_is_better=True)
+evaluators.register("real2gen_cnn", "evaluators.transfer:Real2GenCNN", higher_is_better=True)
+evaluators.register("real2gen_mlp", "evaluators.transfer:Real2GenMLP", higher_is_better=True)
 for _attack, _cls in (("full_black_box", "MIAFullBlackBox"), ("partial_black_box", "MIAPartialBlackBox"),
                       ("white_box", "MIAWhiteBox")):
-    evaluators.register(f"mia_auc_{_attack}", f"evaluators.mia:{_cls}")
-    evaluators.register(f"mia_auc_{_attack}_calibrated", f"evaluators.mia:{_cls}Calibrated")
+    evaluators.register(f"mia_auc_{_attack}", f"evaluators.mia:{_cls}", higher_is_better=False)
+    evaluators.register(f"mia_auc_{_attack}_calibrated", f"evaluators.mia:{_cls}Calibrated", higher_is_better=False)
 datasets.register("digits", "dpgen_bench.data.digits:load_digits_data")

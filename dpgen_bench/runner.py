@@ -208,7 +208,9 @@ def check_privacy(report: PrivacyReport) -> None:
 def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     protocol: dict[str, Any] = {"timings": {}}
-    for name in p.config.evaluators:
+    from tqdm.auto import tqdm
+
+    for name in tqdm(p.config.evaluators, desc="evaluators", file=sys.stderr, leave=False, disable=None):
         ev = registry.evaluators.get(name)()
         t = time.time()
         log.info("evaluating %s", name)

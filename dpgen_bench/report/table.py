@@ -1,75 +1,289 @@
-"""Records → one long pandas frame (one row per run × metric) → tables."""
+"""Records → one long frame (one row per run × metric) → aggregate over seeds → layouts
+that mirror the papers → markdown / LaTeX / CSV. Pure functions of the records.
+
+Layouts:
+- ``a``: rows (ε, method), columns (dataset, metric) — Private GANs Table 2, DPAF Tables 1–2.
+- ``b``: rows method, columns metrics, for one (dataset, ε) — DP-GAN-DPAC Tables 1–4.
+- ``c``: rows (method, ε), columns (attack, members) of MIA AUC — DPAF Table 18.
+- ``runs``: one row per run (no aggregation).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import registry, store
+
+ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv"]
+MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (attack unstated)
 
 
 def collect(root: Path) -> tuple[pd.DataFrame, int]:
     """Long frame of all complete runs under ``root`` and the number of incomplete ones."""
     rows, skipped = [], 0
-    for run_dir in store.iter_run_dirs(root):
+    for run_dir in store.iter_run_dirs(Path(root)):
         rec = store.load_record(run_dir)
         if rec is None:
             skipped += 1
             continue
-        cfg, priv, ev = rec["config"], rec["privacy"], rec["eval"]
-        base = {
-            "run_id": cfg.get("run_id", run_dir.name),
-            "method": cfg["method"],
-            "dataset": cfg["dataset"],
-            "preset": cfg.get("preset"),
-            "seed": cfg.get("seed"),
-            "members": cfg.get("members"),
-            "eps_target": float(priv["target"]["epsilon"]),
-            "delta": float(priv["target"]["delta"]),
-            "eps_rdp": float(priv["epsilon"]["rdp"]),
-            "eps_prv": float(priv["epsilon"]["prv"]),
-        }
-        for metric, value in ev.get("metrics", {}).items():
-            rows.append({**base, "metric": metric, "value": float(value)})
-        if not ev.get("metrics"):
-            rows.append({**base, "metric": None, "value": math.nan})
-    return pd.DataFrame(rows), skipped
+        rows.extend(record_rows(rec, run_dir.name))
+    return pd.DataFrame(rows, columns=ID_COLS + ["metric", "value", "source"]), skipped
 
 
-def _fmt_eps(x: float) -> str:
+def record_rows(rec: dict, run_id: str) -> list[dict]:
+    cfg, priv, ev = rec["config"], rec["privacy"], rec["eval"]
+    base = {
+        "run_id": cfg.get("run_id", run_id), "method": cfg["method"], "dataset": cfg["dataset"],
+        "preset": cfg.get("preset"), "seed": cfg.get("seed"), "members": cfg.get("members"),
+        "eps_target": float(priv["target"]["epsilon"]), "delta": float(priv["target"]["delta"]),
+        "eps_rdp": float(priv["epsilon"]["rdp"]), "eps_prv": float(priv["epsilon"]["prv"]), "source": "ours",
+    }
+    metrics = ev.get("metrics", {})
+    if not metrics:
+        return [{**base, "metric": None, "value": math.nan}]
+    return [{**base, "metric": m, "value": float(v)} for m, v in metrics.items()]
+
+
+def higher_is_better(metric: str) -> bool | None:
+    name = metric if metric in registry.evaluators else metric.rsplit("_", 1)[0]
+    if name not in registry.evaluators:
+        return None
+    try:
+        return bool(registry.evaluators.attribute(name, "higher_is_better"))
+    except Exception:  # noqa: BLE001 - an evaluator that fails to import has no direction
+        return None
+
+
+def fmt_eps(x: float) -> str:
     return "∞" if not math.isfinite(x) else f"{x:.3g}"
 
 
+# ------------------------------------------------------------------ aggregation
+
+
+def aggregate(long: pd.DataFrame) -> pd.DataFrame:
+    """Mean, sample std and n over seeds per (source, method, dataset, ε, members, metric)."""
+    long = long.dropna(subset=["metric"]).copy()
+    long["members"] = long["members"].fillna(0).astype(int)
+    keys = ["source", "method", "dataset", "eps_target", "members", "metric"]
+    g = long.groupby(keys, dropna=False, sort=True)
+    agg = g.agg(mean=("value", "mean"), std=("value", "std"), n=("value", "size"), eps_rdp=("eps_rdp", "max"),
+                eps_prv=("eps_prv", "max")).reset_index()
+    if "ref_std" in long:
+        ref = g["ref_std"].first().reset_index(drop=True)
+        agg["std"] = agg["std"].where(agg["source"] == "ours", ref.values)
+    agg.loc[(agg["n"] < 2) & (agg["source"] == "ours"), "std"] = np.nan
+    return agg
+
+
+# ---------------------------------------------------------------------- tables
+
+
+@dataclass
+class Cell:
+    mean: float
+    std: float = math.nan
+    n: int = 1
+    source: str = "ours"
+    bold: bool = False
+
+    def text(self) -> str:
+        if math.isnan(self.mean):
+            return "—"
+        decimals = 3 if abs(self.mean) < 1 else 2 if abs(self.mean) < 10 else 1
+        s = f"{self.mean:.{decimals}f}"
+        if not math.isnan(self.std):
+            s += f" ± {self.std:.{decimals}f}"
+        if self.source == "ours" and self.n < 3:
+            s += f" (n={self.n})"
+        return s
+
+
+@dataclass
+class Table:
+    title: str
+    row_header: list[str]
+    rows: list[tuple]  # row labels, one tuple per row (len == len(row_header))
+    columns: list[str]  # column headers (arrows included)
+    cells: list[list[Cell | str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _metrics_order(metrics) -> list[str]:
+    order = list(registry.evaluators.names())
+    return sorted(set(metrics), key=lambda m: (order.index(m) if m in order else len(order), m))
+
+
 def _arrow(metric: str) -> str:
-    try:
-        return " ↑" if registry.evaluators.get(metric).higher_is_better else " ↓"
-    except Exception:  # noqa: BLE001 - a metric key that is not an evaluator name
-        return ""
+    hib = higher_is_better(metric)
+    return "" if hib is None else (" ↑" if hib else " ↓")
 
 
-def runs_table(long: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: identification, ε target / spent, one column per metric."""
-    if long.empty:
-        return long
-    keys = ["method", "dataset", "preset", "seed", "eps_target", "eps_rdp", "eps_prv", "delta", "run_id"]
-    wide = long.dropna(subset=["metric"]).pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
-    runs = long[keys].drop_duplicates().set_index(keys)
-    wide = runs.join(wide).reset_index()
-    return wide.sort_values(["dataset", "method", "eps_target", "seed"], kind="stable")
+def _bold_best(cells: list[list[Cell | str]], col: int, metric: str) -> None:
+    hib = higher_is_better(metric)
+    if hib is None or metric.startswith(MIA_PREFIX):  # AUC: the ideal is 0.5, not an extreme
+        return
+    ours = [r[col] for r in cells if isinstance(r[col], Cell) and r[col].source == "ours" and not math.isnan(r[col].mean)]
+    if len(ours) < 2:
+        return
+    best = (max if hib else min)(c.mean for c in ours)
+    for c in ours:
+        c.bold = c.mean == best
 
 
-def render_markdown(wide: pd.DataFrame) -> str:
-    if wide.empty:
-        return "_no completed runs_\n"
-    metrics = [c for c in wide.columns if c not in
-               ("method", "dataset", "preset", "seed", "eps_target", "eps_rdp", "eps_prv", "delta", "run_id")]
-    header = ["method", "dataset", "preset", "seed", "ε target", "ε RDP", "ε PRV", "δ"] + [m + _arrow(m) for m in metrics]
+def _row_label(source: str, method: str) -> str:
+    return method if source == "ours" else f"{method} (paper)"
+
+
+def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
+    """Rows (ε, method), columns (dataset, metric)."""
+    agg = agg[~agg["metric"].str.startswith(MIA_PREFIX)] if metrics is None else agg[agg["metric"].isin(metrics)]
+    agg = agg[agg["members"] == 0]
+    datasets = sorted(agg["dataset"].unique())
+    metrics = _metrics_order(agg["metric"].unique())
+    cols = [(d, m) for d in datasets for m in metrics if ((agg["dataset"] == d) & (agg["metric"] == m)).any()]
+    rows = (agg[["eps_target", "source", "method"]].drop_duplicates()
+            .sort_values(["eps_target", "source", "method"], ascending=[False, False, True]))
+    out_rows, cells = [], []
+    for _, r in rows.iterrows():
+        sel = agg[(agg["eps_target"] == r["eps_target"]) & (agg["source"] == r["source"]) &
+                  (agg["method"] == r["method"])]
+        spent = "—" if r["source"] != "ours" else f"{fmt_eps(sel['eps_rdp'].max())} / {fmt_eps(sel['eps_prv'].max())}"
+        line: list[Cell | str] = [spent]
+        for d, m in cols:
+            hit = sel[(sel["dataset"] == d) & (sel["metric"] == m)]
+            line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
+                        if len(hit) else "—")
+        out_rows.append((fmt_eps(r["eps_target"]), _row_label(r["source"], r["method"])))
+        cells.append(line)
+    for k, (_, m) in enumerate(cols, start=1):
+        for eps in {row[0] for row in out_rows}:  # best per column within one ε block
+            block = [cells[i] for i, row in enumerate(out_rows) if row[0] == eps]
+            _bold_best(block, k, m)
+    return Table("metric by dataset and ε", ["ε", "method"], out_rows,
+                 ["ε spent (RDP / PRV)"] + [f"{d} {m}{_arrow(m)}" for d, m in cols], cells)
+
+
+def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
+    """Rows method, columns metrics, for one (dataset, ε)."""
+    sel = agg[(agg["dataset"] == dataset) & (agg["members"] == 0)]
+    if eps is not None:
+        sel = sel[(sel["eps_target"] == eps) | ~np.isfinite(sel["eps_target"])]
+    metrics = _metrics_order(m for m in sel["metric"].unique() if not m.startswith(MIA_PREFIX))
+    rows = sel[["source", "method", "eps_target"]].drop_duplicates().sort_values(
+        ["source", "eps_target", "method"], ascending=[False, False, True])
+    out_rows, cells = [], []
+    for _, r in rows.iterrows():
+        s = sel[(sel["source"] == r["source"]) & (sel["method"] == r["method"]) & (sel["eps_target"] == r["eps_target"])]
+        spent = "—" if r["source"] != "ours" else f"{fmt_eps(s['eps_rdp'].max())} / {fmt_eps(s['eps_prv'].max())}"
+        line: list[Cell | str] = [fmt_eps(r["eps_target"]), spent]
+        for m in metrics:
+            hit = s[s["metric"] == m]
+            line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
+                        if len(hit) else "—")
+        out_rows.append((_row_label(r["source"], r["method"]),))
+        cells.append(line)
+    private = [line for row, line in zip(out_rows, cells) if line[0] != "∞"]  # best among private rows
+    for k, m in enumerate(metrics, start=2):
+        _bold_best(private, k, m)
+    title = f"{dataset}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
+    return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + _arrow(m) for m in metrics], cells)
+
+
+def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
+    """MIA AUC: rows (method, ε), columns (attack, members)."""
+    sel = agg[agg["metric"].str.startswith(MIA_PREFIX)]
+    if dataset:
+        sel = sel[sel["dataset"] == dataset]
+    cols = sorted({(m, k) for m, k in zip(sel["metric"], sel["members"])},
+                  key=lambda mk: (_metrics_order(sel["metric"].unique()).index(mk[0]), mk[1]))
+    rows = sel[["source", "method", "eps_target"]].drop_duplicates().sort_values(
+        ["source", "method", "eps_target"], ascending=[False, True, False])
+    out_rows, cells = [], []
+    for _, r in rows.iterrows():
+        s = sel[(sel["source"] == r["source"]) & (sel["method"] == r["method"]) & (sel["eps_target"] == r["eps_target"])]
+        line: list[Cell | str] = []
+        for m, k in cols:
+            hit = s[(s["metric"] == m) & (s["members"] == k)]
+            line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
+                        if len(hit) else "—")
+        out_rows.append((_row_label(r["source"], r["method"]), fmt_eps(r["eps_target"])))
+        cells.append(line)
+    headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'} ({k if k else 'all'} members) ↓0.5"
+               for m, k in cols]
+    return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells)
+
+
+def runs_table(long: pd.DataFrame) -> Table:
+    """One row per run."""
+    long = long[long["source"] == "ours"] if "source" in long else long
+    metrics = _metrics_order(long["metric"].dropna().unique())
+    out_rows, cells = [], []
+    for run_id, g in long.sort_values(["dataset", "method", "eps_target", "seed"], kind="stable").groupby(
+            "run_id", sort=False):
+        r = g.iloc[0]
+        out_rows.append((r["method"], r["dataset"], str(r["preset"]), str(r["seed"])))
+        vals = dict(zip(g["metric"], g["value"]))
+        cells.append([fmt_eps(r["eps_target"]), fmt_eps(r["eps_rdp"]), fmt_eps(r["eps_prv"]), f"{r['delta']:g}"] +
+                     [Cell(vals[m], source="ours", n=3) if m in vals else "—" for m in metrics])
+    return Table("runs", ["method", "dataset", "preset", "seed"], out_rows,
+                 ["ε target", "ε RDP", "ε PRV", "δ"] + [m + _arrow(m) for m in metrics], cells)
+
+
+# ------------------------------------------------------------------- renderers
+
+
+def _cell_text(c: Cell | str, bold: tuple[str, str]) -> str:
+    if isinstance(c, str):
+        return c
+    t = c.text()
+    return f"{bold[0]}{t}{bold[1]}" if c.bold else t
+
+
+def render_markdown(t: Table) -> str:
+    header = t.row_header + t.columns
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for _, r in wide.iterrows():
-        cells = [r["method"], r["dataset"], str(r["preset"]), str(r["seed"]), _fmt_eps(r["eps_target"]),
-                 _fmt_eps(r["eps_rdp"]), _fmt_eps(r["eps_prv"]), f"{r['delta']:g}"]
-        cells += ["—" if pd.isna(r[m]) else f"{r[m]:.4g}" for m in metrics]
-        lines.append("| " + " | ".join(cells) + " |")
+    for row, line in zip(t.rows, t.cells):
+        lines.append("| " + " | ".join(list(row) + [_cell_text(c, ("**", "**")) for c in line]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _tex(s: str) -> str:
+    rep = {"ε": r"$\varepsilon$", "↑": r"$\uparrow$", "↓": r"$\downarrow$", "±": r"$\pm$", "∞": r"$\infty$",
+           "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#"}
+    return "".join(rep.get(ch, ch) for ch in s)
+
+
+def render_latex(t: Table) -> str:
+    ncols = len(t.row_header) + len(t.columns)
+    lines = [r"\begin{tabular}{" + "l" * len(t.row_header) + "c" * len(t.columns) + "}", r"\toprule",
+             " & ".join(_tex(h) for h in t.row_header + t.columns) + r" \\", r"\midrule"]
+    for row, line in zip(t.rows, t.cells):
+        lines.append(" & ".join([_tex(str(x)) for x in row] + [_tex(_cell_text(c, ("", ""))) if not (
+            isinstance(c, Cell) and c.bold) else r"\textbf{" + _tex(c.text()) + "}" for c in line]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    assert ncols
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(t: Table) -> str:
+    rows = []
+    for row, line in zip(t.rows, t.cells):
+        rec = dict(zip(t.row_header, row))
+        for h, c in zip(t.columns, line):
+            if isinstance(c, Cell):
+                rec[h] = round(c.mean, 6)
+                rec[h + " std"] = round(c.std, 6)
+                rec[h + " n"] = c.n
+            else:
+                rec[h] = c
+        rows.append(rec)
+    return pd.DataFrame(rows).to_csv(index=False)
+
+
+RENDERERS = {"markdown": render_markdown, "latex": render_latex, "csv": render_csv}

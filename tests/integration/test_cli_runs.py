@@ -72,10 +72,11 @@ def test_private_record_spends_at_most_the_target(two_runs):
 
 
 def test_report_shows_both(two_runs, cli_runner):
-    res = _run(cli_runner, "report", "--results", str(two_runs))
-    table = res.output
-    assert "| dpgan | digits |" in table and "| gan | digits |" in table
-    assert "gen2real_cnn ↑" in table and "∞" in table
+    table = _run(cli_runner, "report", "--results", str(two_runs), "--layout", "runs").stdout
+    assert "| dpgan | digits | tiny | 0 | 5 |" in table and "| gan | digits | tiny | 0 | ∞ | ∞ | ∞ |" in table
+    assert "gen2real_cnn ↑" in table
+    table = _run(cli_runner, "report", "--results", str(two_runs)).stdout  # layout a: (ε, method) × dataset
+    assert "| ∞ | gan | ∞ / ∞ |" in table and "| 5 | dpgan |" in table and "digits gen2real_cnn ↑" in table
 
 
 def test_report_skips_incomplete_runs(two_runs, cli_runner, tmp_path):
@@ -85,8 +86,8 @@ def test_report_skips_incomplete_runs(two_runs, cli_runner, tmp_path):
     shutil.copytree(two_runs, root)
     victim = sorted(root.iterdir())[0]
     (victim / "eval.json").unlink()
-    res = _run(cli_runner, "report", "--results", str(root))
-    assert res.output.count("| digits |") == 1
+    res = _run(cli_runner, "report", "--results", str(root), "--layout", "runs")
+    assert res.stdout.count("| digits |") == 1
     assert "skipped 1 incomplete" in res.stderr
 
 

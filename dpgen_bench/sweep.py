@@ -1,0 +1,177 @@
+"""``bench sweep``: expand a grid (methods × datasets × ε × seeds), skip cells that already
+have a complete record, run the rest locally (in this process, or ``--jobs N`` processes)
+or on Ray (one task per run, ``num_gpus=1`` where a GPU exists), then report.
+
+Each cell has a deterministic run directory ``sweep-<method>-<dataset>-eps<ε>-s<seed>-<hash>``
+(the hash covers the fully resolved config), so a re-run finds what is done: a complete
+record is skipped, an incomplete one (a crash) is moved aside to a hidden
+``.failed-…`` directory and run again. Records are never rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import registry, store
+from .config import RunConfig
+from .errors import UserError
+
+log = logging.getLogger("dpgen_bench")
+
+
+@dataclass(frozen=True)
+class Cell:
+    config: RunConfig
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.config.to_json(), sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+    @property
+    def run_name(self) -> str:
+        c = self.config
+        eps = "inf" if not math.isfinite(c.epsilon) else f"{c.epsilon:g}"
+        members = f"-m{c.members}" if c.members else ""
+        return f"sweep-{c.method}-{c.dataset}-eps{eps}{members}-s{c.seed}-{self.key}"
+
+
+def _listify(v: Any) -> list:
+    if v is None:
+        return [None]
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def expand(grid: dict[str, Any], build_config) -> list[Cell]:
+    """Grid keys: method, dataset, eps, seeds, preset, members, delta, eval, set (mapping)."""
+    known = {"method", "dataset", "eps", "seeds", "preset", "members", "delta", "eval", "set", "n_d"}
+    unknown = set(grid) - known
+    if unknown:
+        raise UserError(f"sweep grid: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+    methods = _listify(grid.get("method"))
+    if methods == [None]:
+        raise UserError("sweep grid: no method given")
+    sets = tuple(f"{k}={v}" for k, v in (grid.get("set") or {}).items())
+    evaluators = grid.get("eval")
+    if isinstance(evaluators, (list, tuple)):
+        evaluators = ",".join(evaluators)
+    cells: dict[str, Cell] = {}
+    for method, dataset, eps, seed, members, n_d in itertools.product(
+            methods, _listify(grid.get("dataset", "digits")), _listify(grid.get("eps")),
+            _listify(grid.get("seeds", 0)), _listify(grid.get("members")), _listify(grid.get("n_d"))):
+        private = registry.methods.get(method).private
+        eps_value = float(eps) if (private and eps is not None) else None
+        cfg = build_config(method, dataset, eps_value, grid.get("delta"), grid.get("preset"),
+                           None if n_d is None else str(n_d), sets, None, int(seed),
+                           int(members) if members is not None else None, None, evaluators)
+        cell = Cell(cfg)
+        cells.setdefault(cell.run_name, cell)  # a non-private method runs once per seed, not per ε
+    return list(cells.values())
+
+
+def status(cell: Cell, root: Path) -> str:
+    d = root / cell.run_name
+    if store.is_complete(d):
+        return "done"
+    return "partial" if d.exists() else "todo"
+
+
+def run_cell(config_json: dict, run_dir: str, data_root: str | None = None) -> dict[str, Any]:
+    """Run one cell (in this process, a worker process, or a Ray task)."""
+    from . import runner
+    from .cli import _setup_logging
+
+    _setup_logging(False)
+    cfg = RunConfig.from_json(config_json)
+    t = time.time()
+    prepared = runner.prepare(cfg, data_root)
+    result = runner.execute(prepared, Path(run_dir))
+    return {"run_dir": run_dir, "seconds": time.time() - t, "metrics": result["metrics"],
+            "epsilon": result["privacy"]["epsilon"]}
+
+
+def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
+    c = cell.config
+    eps = "∞" if not math.isfinite(c.epsilon) else f"{c.epsilon:g}"
+    head = next(iter(out["metrics"].items()), None)
+    metric = f"{head[0]}={head[1]:.4f}" if head else "no metric"
+    return f"done {c.method} {c.dataset} ε={eps} seed={c.seed} in {out['seconds']:.1f}s: {metric}"
+
+
+def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,
+              data_root: str | None = None) -> dict[str, int]:
+    root.mkdir(parents=True, exist_ok=True)
+    todo = []
+    counts = {"done": 0, "partial": 0, "todo": 0, "failed": 0, "ran": 0}
+    for cell in cells:
+        st = status(cell, root)
+        counts[st] += 1
+        if st == "done":
+            continue
+        if st == "partial":  # keep the evidence, out of the report's sight
+            (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        todo.append(cell)
+    log.info("sweep: %d cells, %d already complete, %d to run (%d after a failure)", len(cells), counts["done"],
+             len(todo), counts["partial"])
+    args = [(c, c.config.to_json(), str(root / c.run_name)) for c in todo]
+
+    def finished(cell, out=None, err=None):
+        if err is not None:
+            counts["failed"] += 1
+            log.error("failed %s: %s", cell.run_name, err)
+        else:
+            counts["ran"] += 1
+            log.info(_progress_line(cell, out))
+
+    if engine == "ray":
+        _run_ray(args, address, data_root, finished)
+    elif jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(run_cell, cfg, d, data_root): cell for cell, cfg, d in args}
+            for fut in as_completed(futures):
+                try:
+                    finished(futures[fut], fut.result())
+                except Exception as e:  # noqa: BLE001 - one failed cell must not stop the sweep
+                    finished(futures[fut], err=e)
+    else:
+        for cell, cfg, d in args:
+            try:
+                finished(cell, run_cell(cfg, d, data_root))
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                finished(cell, err=e)
+    return counts
+
+
+def _run_ray(args, address, data_root, finished) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--engine ray needs Ray: pip install -e '.[ray]'") from None
+    import torch
+
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    gpu = torch.cuda.is_available() or bool(ray.cluster_resources().get("GPU"))
+    remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(run_cell)
+    refs = {remote.remote(cfg, d, data_root): cell for cell, cfg, d in args}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            finished(refs[ready[0]], ray.get(ready[0]))
+        except Exception as e:  # noqa: BLE001
+            finished(refs[ready[0]], err=e)

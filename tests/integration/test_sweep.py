@@ -1,0 +1,71 @@
+"""bench sweep: grid expansion, skipping completed cells, re-running failed ones."""
+
+import json
+
+import pytest
+
+from dpgen_bench.cli import build_config, cli
+from dpgen_bench.sweep import expand
+
+
+def test_expand_runs_non_private_methods_once_per_seed():
+    cells = expand({"method": "dummy,gan", "eps": "1,10", "seeds": "0,1", "preset": "tiny"}, build_config)
+    names = sorted(c.config.method for c in cells)
+    assert names.count("dummy") == 4 and names.count("gan") == 2
+    assert len({c.run_name for c in cells}) == 6
+
+
+def test_sweep_runs_only_missing_cells(cli_runner, results, tmp_path):
+    args = ["sweep", "--method", "dummy", "--eps", "1,10", "--seeds", "0", "--preset", "tiny"]
+    # a pre-existing complete record for one cell
+    res = cli_runner.invoke(cli, ["sweep", "--method", "dummy", "--eps", "1", "--seeds", "0", "--preset", "tiny",
+                                  "--no-report"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    (done,) = list(results.iterdir())
+    stamp = (done / "eval.json").stat().st_mtime_ns
+    # a crashed cell: directory without eval.json
+    grid = expand({"method": "dummy", "eps": "10", "seeds": "0", "preset": "tiny"}, build_config)
+    crashed = results / grid[0].run_name
+    crashed.mkdir()
+    (crashed / "config.json").write_text("{}")
+    res = cli_runner.invoke(cli, args)
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "1 already complete, 2 to run" not in res.stderr
+    assert "2 cells, 1 already complete, 1 to run (1 after a failure)" in res.stderr
+    assert (done / "eval.json").stat().st_mtime_ns == stamp  # never rewritten
+    assert (crashed / "eval.json").is_file()
+    assert any(p.name.startswith(".failed-") for p in results.iterdir())
+    assert res.stderr.count("done dummy digits") == 1
+    assert "| 10 | dummy |" in res.stdout and "| 1 | dummy |" in res.stdout
+    # everything done: nothing runs
+    res = cli_runner.invoke(cli, args)
+    assert "2 already complete, 0 to run" in res.stderr
+
+
+def test_sweep_grid_file(cli_runner, results, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("method: [dummy]\neps: [2]\nseeds: [0, 1]\npreset: tiny\nset: {steps: 3}\n")
+    res = cli_runner.invoke(cli, ["sweep", str(grid), "--no-report"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    dirs = [p for p in results.iterdir() if p.is_dir()]
+    assert len(dirs) == 2
+    cfg = json.loads((dirs[0] / "config.json").read_text())
+    assert cfg["hparams"]["steps"] == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methods: [dummy]\n")
+    res = cli_runner.invoke(cli, ["sweep", str(bad)])
+    assert res.exit_code == 2 and "unknown keys ['methods']" in res.stderr
+
+
+@pytest.mark.slow
+def test_sweep_on_local_ray(cli_runner, results):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan,gan", "--eps", "1,10", "--seeds", "0",
+                                      "--preset", "tiny", "--engine", "ray", "--address", "auto"])
+    finally:
+        ray.shutdown()
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert len([p for p in results.iterdir() if p.is_dir()]) == 3
+    assert "| 10 | dpgan |" in res.stdout

@@ -1,0 +1,113 @@
+"""Report: golden outputs from fixed synthetic records, references, CLI options."""
+
+import math
+import time
+
+import pytest
+
+from dpgen_bench.cli import cli
+from dpgen_bench.report import table as T
+from report_fixtures import make_record, standard_records
+
+GOLDEN_MARKDOWN_A = '| ε | method | ε spent (RDP / PRV) | digits fid ↓ | digits gen2real_cnn ↑ |\n|---|---|---|---|---|\n| ∞ | gan | ∞ / ∞ | 20.0 (n=1) | 0.900 (n=1) |\n| 10 | dpaf | 9.98 / 9.2 | 68.0 ± 2.0 | 0.710 ± 0.010 |\n| 10 | dpgan | 9.98 / 9.2 | **59.0 ± 1.4 (n=2)** | **0.720 ± 0.028 (n=2)** |\n| 1 | dpaf | 0.998 / 0.92 | **100.0 ± 2.0** | **0.580 ± 0.020** |\n| 1 | dpgan | 0.998 / 0.92 | 115.0 ± 5.0 | 0.520 ± 0.020 |\n'
+GOLDEN_LATEX_A = '\\begin{tabular}{llccc}\n\\toprule\n$\\varepsilon$ & method & $\\varepsilon$ spent (RDP / PRV) & digits fid $\\downarrow$ & digits gen2real\\_cnn $\\uparrow$ \\\\\n\\midrule\n$\\infty$ & gan & $\\infty$ / $\\infty$ & 20.0 (n=1) & 0.900 (n=1) \\\\\n10 & dpaf & 9.98 / 9.2 & 68.0 $\\pm$ 2.0 & 0.710 $\\pm$ 0.010 \\\\\n10 & dpgan & 9.98 / 9.2 & \\textbf{59.0 $\\pm$ 1.4 (n=2)} & \\textbf{0.720 $\\pm$ 0.028 (n=2)} \\\\\n1 & dpaf & 0.998 / 0.92 & \\textbf{100.0 $\\pm$ 2.0} & \\textbf{0.580 $\\pm$ 0.020} \\\\\n1 & dpgan & 0.998 / 0.92 & 115.0 $\\pm$ 5.0 & 0.520 $\\pm$ 0.020 \\\\\n\\bottomrule\n\\end{tabular}\n'
+GOLDEN_CSV_B = 'method,ε,ε spent (RDP / PRV),fid ↓,fid ↓ std,fid ↓ n,gen2real_cnn ↑,gen2real_cnn ↑ std,gen2real_cnn ↑ n\ngan,∞,∞ / ∞,20.0,,1,0.9,,1\ndpaf,1,0.998 / 0.92,100.0,2.0,3,0.58,0.02,3\ndpgan,1,0.998 / 0.92,115.0,5.0,3,0.52,0.02,3\n'
+GOLDEN_MARKDOWN_C = '| method | ε | full_black_box (64 members) ↓0.5 | white_box (64 members) ↓0.5 |\n|---|---|---|---|\n| dpgan | 1 | 0.510 (n=1) | 0.490 (n=1) |\n| gan | ∞ | 0.980 (n=1) | 0.970 (n=1) |\n'
+
+
+@pytest.fixture
+def agg(tmp_path):
+    long, skipped = T.collect(standard_records(tmp_path / "runs"))
+    assert skipped == 1  # the run without eval.json
+    return T.aggregate(long)
+
+
+def test_golden_markdown_layout_a(agg):
+    assert T.render_markdown(T.layout_a(agg)) == GOLDEN_MARKDOWN_A
+
+
+def test_golden_latex_layout_a(agg):
+    assert T.render_latex(T.layout_a(agg)) == GOLDEN_LATEX_A
+
+
+def test_golden_csv_layout_b(agg):
+    assert T.render_csv(T.layout_b(agg, "digits", 1.0)) == GOLDEN_CSV_B
+
+
+def test_golden_markdown_layout_c(agg):
+    assert T.render_markdown(T.layout_c(agg)) == GOLDEN_MARKDOWN_C
+
+
+def test_mean_std_over_seeds(agg):
+    row = agg[(agg.method == "dpaf") & (agg.eps_target == 1) & (agg.metric == "gen2real_cnn")].iloc[0]
+    assert row["mean"] == pytest.approx(0.58) and row["std"] == pytest.approx(0.02) and row["n"] == 3
+
+
+def test_references_load_and_join(tmp_path, cli_runner):
+    from dpgen_bench.report.references import load_references
+
+    ref = load_references()
+    assert len(ref) > 100 and set(ref["source"]) == {"paper"}
+    assert {"private-gans-revisited-tmlr2023:Table 2", "dpaf:Table 18"} <= set(ref["run_id"])
+    acc = ref[ref.metric.str.startswith("gen2real")]["value"]
+    assert acc.between(0, 1).all()  # accuracies are fractions
+    # Private GANs Table 2: our DPGAN + adaptive n_D, MNIST, ε=10: FID 12.8 ± 0.3
+    hit = ref[(ref.method == "dpgan+adaptive") & (ref.dataset == "mnist") & (ref.eps_target == 10) &
+              (ref.metric == "fid")]
+    assert hit["value"].iloc[0] == pytest.approx(12.8) and hit["ref_std"].iloc[0] == pytest.approx(0.3)
+    root = tmp_path / "r"
+    make_record(root, "dpgan-mnist", "dpgan", "mnist", 10.0, 0, {"fid": 30.0}, rdp=9.9, prv=9.1)
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--with-references", "--metric", "fid"])
+    assert res.exit_code == 0, res.stderr
+    assert "| 10 | dpgan+adaptive (paper) | — |" in res.output
+    assert "12.8 ± 0.3" in res.output
+
+
+def test_cli_formats_and_out(tmp_path, cli_runner):
+    root = standard_records(tmp_path / "runs")
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--layout", "b", "--eps", "1", "--format", "csv"])
+    assert res.exit_code == 0 and res.stdout == GOLDEN_CSV_B
+    out = tmp_path / "t.tex"
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--format", "latex", "--out", str(out)])
+    assert res.exit_code == 0 and res.stdout == "" and out.read_text() == GOLDEN_LATEX_A
+    assert "skipped 1 incomplete" in res.stderr
+
+
+def test_empty_results_is_a_user_error(tmp_path, cli_runner):
+    (tmp_path / "empty").mkdir()
+    res = cli_runner.invoke(cli, ["report", "--results", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: no completed runs under {tmp_path / 'empty'}"
+
+
+def test_figures(tmp_path, cli_runner):
+    import json
+
+    import numpy as np
+
+    root = standard_records(tmp_path / "runs")
+    for d in root.iterdir():
+        if (d / "eval.json").exists():
+            np.savez(d / "samples.npz", images=np.zeros((20, 1, 16, 16), np.float32),
+                     labels=np.repeat(np.arange(10), 2).astype(np.int64))
+            (d / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.7, "n_d": 1}) + "\n")
+    ev = json.loads((root / "gan-digits-m64-s0" / "eval.json").read_text())
+    ev["protocol"]["mia_auc_full_black_box"] = {"roc": {"fpr": [0, 0.5, 1], "tpr": [0, 0.9, 1]}}
+    (root / "gan-digits-m64-s0" / "eval.json").write_text(json.dumps(ev))
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--figures", str(tmp_path / "fig")])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    names = {p.name for p in (tmp_path / "fig").iterdir()}
+    assert {"digits-gen2real_cnn-vs-eps.png", "digits-gen2real_cnn-vs-eps.pdf", "digits-eps1-samples.png",
+             "digits-mia_auc_full_black_box-roc.png"} <= names
+    assert any(n.endswith("-training.png") for n in names)
+
+
+def test_report_of_a_thousand_records_renders(tmp_path):
+    root = tmp_path / "many"
+    for i in range(1000):
+        make_record(root, f"r{i}", ["dpgan", "dpaf", "gswgan", "dpac"][i % 4], ["digits", "mnist"][i // 500],
+                    [1.0, 10.0][(i // 4) % 2], i, {"fid": float(i % 97), "gen2real_cnn": (i % 89) / 89}, rdp=1, prv=1)
+    t = time.perf_counter()
+    long, _ = T.collect(root)
+    text = T.render_markdown(T.layout_a(T.aggregate(long)))
+    elapsed = time.perf_counter() - t
+    assert text.count("\n") == 2 + 8 and not math.isnan(elapsed)
