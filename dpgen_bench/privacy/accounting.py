@@ -44,8 +44,13 @@ def part_epsilon(part: PrivacyPart, delta: float) -> float:
     return compose_rdp([part], delta)
 
 
-def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float = 0.01) -> float:
-    """Upper bound on ε from the PRV accountant, all parts composed."""
+def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | None = None) -> float:
+    """Upper bound on ε from the PRV accountant, all parts composed.
+
+    The returned upper bound is the estimate plus ``eps_error``; the accountant's cost grows
+    with the number of compositions, so the default error is 0.01 up to 20K steps and 0.05
+    beyond (paper-scale runs: 380K steps take ~6 s instead of ~50 s); the bound stays valid.
+    """
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
     history = _history(parts)
@@ -53,6 +58,8 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float = 0
         return 0.0
     prvs = [PoissonSubsampledGaussianMechanism(noise_multiplier=s, sampling_probability=q) for s, q, _ in history]
     steps = [t for _, _, t in history]
+    if eps_error is None:
+        eps_error = 0.01 if sum(steps) <= 20_000 else 0.05
     acc = PRVAccountant(prvs=prvs, max_self_compositions=steps, eps_error=eps_error, delta_error=delta / 1000)
     _, _, upper = acc.compute_epsilon(delta=delta, num_self_compositions=steps)
     return float(upper)

@@ -1,0 +1,88 @@
+"""Privacy property suite: for every registered private method × preset × dataset of that
+preset × ε × δ, the calibrated plan's composed ε (RDP) is ≤ the target and PRV ≤ RDP
+(+ tolerance). Calibration only, no training. The full grid is `slow`; the default suite
+runs it at ε ∈ {1, 10}, δ = 1e-5."""
+
+import itertools
+
+import pytest
+
+from dpgen_bench import registry
+from dpgen_bench.api import Budget, DataInfo
+from dpgen_bench.config import resolve_hparams
+from dpgen_bench.errors import UserError
+from dpgen_bench.privacy import compose_prv, compose_rdp
+
+# Standard sizes of the datasets the presets name (train split, image shape, classes), so
+# that paper presets can be calibrated without the files.
+DATASETS = {
+    "digits": (1437, (1, 16, 16), 10),
+    "mnist": (60_000, (1, 28, 28), 10),
+    "fashion-mnist": (60_000, (1, 28, 28), 10),
+    "mnist-32": (60_000, (1, 32, 32), 10),
+    "fashion-mnist-32": (60_000, (1, 32, 32), 10),
+    "celeba-gender": (182_637, (3, 64, 64), 2),
+    "celeba-gender-32": (182_637, (3, 32, 32), 2),
+    "celeba-hair": (90_000, (3, 64, 64), 3),
+    "ffhq-gender": (63_000, (3, 128, 128), 2),
+    "ffhq-gender-64": (63_000, (3, 64, 64), 2),
+}
+EPS_ALL = (0.2, 0.5, 1, 2, 5, 10, 50)
+DELTA_ALL = (1e-5, 1e-6)
+
+
+def cases():
+    out = []
+    for name in registry.methods.names(include_hidden=True):
+        cls = registry.methods.get(name)
+        if not cls.private:
+            continue
+        for preset, per_dataset in cls.presets.items():
+            for ds in per_dataset:
+                ds = "digits" if ds == "*" else ds
+                if ds in DATASETS:
+                    out.append((name, preset, ds))
+    return out
+
+
+CASES = cases()
+
+
+def check(method, preset, dataset, eps, delta, prv_max_steps=None):
+    cls = registry.methods.get(method)
+    n, shape, k = DATASETS[dataset]
+    hp, _ = resolve_hparams(cls, preset, dataset, {})
+    try:
+        m = cls(hp, DataInfo(dataset, shape, k, n))
+    except ValueError as e:  # an architecture that does not support this size
+        pytest.skip(str(e))
+    try:
+        parts = m.plan(Budget(eps, delta))
+    except UserError as e:  # e.g. a fixed noise that allows no step at this ε: refused, never overspent
+        assert "allows no step" in str(e) or "too low" in str(e), e
+        return
+    assert parts and all(p.steps > 0 and p.noise_multiplier > 0 and 0 < p.sample_rate <= 1 for p in parts)
+    rdp = compose_rdp(parts, delta)
+    assert rdp <= eps, (method, preset, dataset, eps, delta, rdp)
+    if prv_max_steps is None or sum(p.steps for p in parts) <= prv_max_steps:
+        prv = compose_prv(parts, delta)
+        assert prv <= rdp + 0.05 * eps + 0.02, (prv, rdp)
+
+
+@pytest.mark.parametrize("method,preset,dataset", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("eps", (1, 10))
+def test_calibrated_plan_within_target(method, preset, dataset, eps):
+    check(method, preset, dataset, eps, 1e-5, prv_max_steps=20_000)  # paper-scale PRV: slow grid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,preset,dataset", CASES, ids=["-".join(c) for c in CASES])
+def test_calibrated_plan_within_target_full_grid(method, preset, dataset):
+    for eps, delta in itertools.product(EPS_ALL, DELTA_ALL):
+        check(method, preset, dataset, eps, delta)
+
+
+def test_every_private_method_is_covered():
+    covered = {c[0] for c in CASES}
+    private = {n for n in registry.methods.names() if registry.methods.get(n).private}
+    assert private <= covered
