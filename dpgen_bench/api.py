@@ -177,7 +177,17 @@ class RunContext(abc.ABC):
 
         logging.getLogger("dpgen_bench").info(message)
 
-    def checkpoint(self, state: dict) -> None:  # periodic checkpoints (no-op by default)
+    # Resumable training: a method restores ``resume_state`` (if any) at the start of
+    # ``fit``, and calls ``checkpoint(state)`` whenever ``checkpoint_due()`` is true with
+    # everything needed to continue (weights, optimisers, RNG states, counters). The runner
+    # adds the ledger's counts and writes it atomically; on SIGINT/SIGTERM ``checkpoint``
+    # then stops the run cleanly.
+    resume_state: dict | None = None
+
+    def checkpoint_due(self) -> bool:
+        return False
+
+    def checkpoint(self, state: dict) -> None:
         return None
 
 

@@ -86,8 +86,8 @@ def _n_d(value: str | None):
 
 def _run_options(f):
     opts = [
-        click.option("--method", "-m", required=True, help="Method name (bench list methods)."),
-        click.option("--dataset", "-d", default="digits", help="Dataset name (bench list datasets)."),
+        click.option("--method", "-m", default=None, help="Method name (bench list methods)."),
+        click.option("--dataset", "-d", default=None, help="Dataset name (bench list datasets) [default: digits]."),
         click.option("--eps", type=float, default=None,
                      help="Target ε (required for private methods; omit for non-private ones)."),
         click.option("--delta", type=float, default=None, help=f"Target δ [default: {DEFAULT_DELTA:g}]."),
@@ -115,6 +115,8 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
     if unknown:
         raise UserError(f"config file: unknown keys {sorted(unknown)}")
     method = method or file_cfg.get("method")
+    if not method:
+        raise UserError("--method is required (bench list methods)")
     dataset = dataset or file_cfg.get("dataset", "digits")
     method_cls = registry.methods.get(method)
     registry.datasets.get(dataset)
@@ -159,11 +161,28 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
 @click.option("--out", default=None, help="Exact run directory [default: RESULTS/<run-id>].")
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved config and privacy plan, then exit.")
+@click.option("--resume", "resume_dir", default=None, help="Continue an interrupted run from its last checkpoint.")
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, members, evaluators, device,
-        out, results, dry_run):
+        out, results, dry_run, resume_dir):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
+    from pathlib import Path
+
     from . import runner
 
+    if resume_dir:
+        cfg = runner.resume_config(Path(resume_dir))
+        given = (method, dataset, eps, delta, preset, n_d, config_file, seed, members, evaluators) != (None,) * 10
+        if given or sets:
+            mine = build_config(method or cfg.method, dataset or cfg.dataset, eps, delta, preset or cfg.preset, n_d,
+                                sets, config_file, seed if seed is not None else cfg.seed, members, device,
+                                evaluators)
+            diff = [k for k, v in mine.to_json().items() if k != "device" and v != cfg.to_json()[k]]
+            if diff:
+                raise UserError(f"--resume {resume_dir}: the given settings differ from the run's config in "
+                                f"{', '.join(diff)}")
+        prepared = runner.prepare(cfg, data_root)
+        _execute(runner, prepared, Path(resume_dir), resume=True)
+        return
     cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members, device, evaluators)
     prepared = runner.prepare(cfg, data_root)
     if dry_run:
@@ -175,11 +194,22 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
         click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan}, indent=2, default=str))
         return
     run_dir = runner.prepare_out_dir(cfg, out, results)
+    _execute(runner, prepared, run_dir)
+
+
+def _execute(runner, prepared, run_dir, resume: bool = False) -> None:
+    from .errors import Interrupted
+
+    cfg = prepared.config
     log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, cfg.method, cfg.dataset,
              cfg.epsilon, cfg.delta, cfg.preset, prepared.device)
-    result = runner.execute(prepared, run_dir)
+    try:
+        result = runner.execute(prepared, run_dir, resume=resume)
+    except Interrupted:
+        click.echo(f"interrupted: checkpoint written; resume with: bench run --resume {run_dir}", err=True)
+        sys.exit(130)
     priv = result["privacy"]
-    from .report.table import _fmt_eps
+    from .report.table import fmt_eps as _fmt_eps
 
     lines = [f"run_dir: {run_dir}",
              f"epsilon: target {_fmt_eps(priv['target']['epsilon'])}, spent {_fmt_eps(float(priv['epsilon']['rdp']))} "

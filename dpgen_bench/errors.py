@@ -7,3 +7,7 @@ class UserError(Exception):
 
 class PrivacyViolation(RuntimeError):
     """A method spent more privacy than it was granted. Never caught silently."""
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal after writing a checkpoint."""

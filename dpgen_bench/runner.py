@@ -21,7 +21,7 @@ import torch
 from . import registry, store
 from .api import Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport, RunContext
 from .config import RunConfig
-from .errors import PrivacyViolation, UserError
+from .errors import Interrupted, PrivacyViolation, UserError
 from .privacy.ledger import PrivacyLedger
 
 log = logging.getLogger("dpgen_bench")
@@ -44,13 +44,40 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+RESUME_FILE = "resume.pt"
+
+
+def checkpoint_interval() -> float:
+    return float(os.environ.get("DPGEN_CHECKPOINT_SECONDS", "300"))
+
+
 class _Context(RunContext):
-    def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None):
+    def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None,
+                 resume_state: dict | None = None):
         self.device = device
         self.seed = seed
         self.ledger = ledger
+        self.run_dir = run_dir
+        self.resume_state = resume_state
+        self.stop_requested: int | None = None
         self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
-        self._t0 = time.time()
+        self._t0 = self._last_checkpoint = time.time()
+
+    def checkpoint_due(self) -> bool:
+        if self.run_dir is None:
+            return False
+        return self.stop_requested is not None or time.time() - self._last_checkpoint >= checkpoint_interval()
+
+    def checkpoint(self, state: dict) -> None:
+        if self.run_dir is None:
+            return
+        with store.atomic_open(self.run_dir / RESUME_FILE) as f:
+            torch.save({"method": state, "ledger": dict(self.ledger.taken), "time": time.time()}, f)
+        self._last_checkpoint = time.time()
+        if self.stop_requested is not None:
+            from .errors import Interrupted
+
+            raise Interrupted(f"stopped by signal {self.stop_requested} after a checkpoint")
 
     def progress(self, total: int, desc: str):
         from tqdm.auto import tqdm
@@ -151,11 +178,38 @@ def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> 
 # --------------------------------------------------------------------------- run
 
 
-def execute(p: Prepared, run_dir: Path) -> dict[str, Any]:
+def load_resume(run_dir: Path) -> dict:
+    path = run_dir / RESUME_FILE
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise UserError(f"{run_dir} has no checkpoint to resume from ({RESUME_FILE})") from None
+    except Exception as e:  # noqa: BLE001 - truncated or corrupt: one clear line
+        raise UserError(f"cannot read the checkpoint {path}: {type(e).__name__}: {e}") from None
+
+
+def resume_config(run_dir: Path) -> RunConfig:
+    """The config of an interrupted run, refusing finished or foreign directories."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UserError(f"--resume {run_dir}: not a run directory (no config.json)")
+    if store.is_complete(run_dir):
+        raise UserError(f"--resume {run_dir}: the run has already finished")
+    raw = store.read_json(run_dir / "config.json")
+    raw.pop("run_id", None)
+    return RunConfig.from_json(raw)
+
+
+def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     cfg = p.config
     run_dir.mkdir(parents=True, exist_ok=True)
-    store.write_json(run_dir / "config.json", {"run_id": run_dir.name, **cfg.to_json()})
-    store.write_json(run_dir / "env.json", store.environment(str(p.device)))
+    resume_state = load_resume(run_dir) if resume else None
+    if not resume:
+        store.write_json(run_dir / "config.json", {"run_id": run_dir.name, **cfg.to_json()})
+        store.write_json(run_dir / "env.json", store.environment(str(p.device)))
+    else:
+        (run_dir / "failed.json").unlink(missing_ok=True)
+        log.info("resuming %s from its checkpoint (%s)", run_dir.name, resume_state["ledger"])
     if p.data.member_indices is not None:
         with store.atomic_open(run_dir / "membership.npz") as f:
             np.savez(f, member_indices=p.data.member_indices, nonmember_indices=p.data.nonmember_indices)
@@ -164,9 +218,14 @@ def execute(p: Prepared, run_dir: Path) -> dict[str, Any]:
     try:
         seed_everything(cfg.seed)
         ledger = PrivacyLedger(p.budget, p.planned)
-        ctx = _Context(p.device, cfg.seed, ledger, run_dir)
+        if resume_state:
+            for name, taken in resume_state["ledger"].items():
+                if taken:
+                    ledger.spend(name, taken)  # the steps already spent stay spent
+        ctx = _Context(p.device, cfg.seed, ledger, run_dir, resume_state["method"] if resume_state else None)
         try:
-            p.method.fit(p.data.train, p.budget, ctx)
+            with _stop_on_signals(ctx):
+                p.method.fit(p.data.train, p.budget, ctx)
         finally:
             ctx.close()
         timings["fit"] = time.time() - t0
@@ -191,12 +250,42 @@ def execute(p: Prepared, run_dir: Path) -> dict[str, Any]:
         result["protocol"]["timings"] = {**timings, **result["protocol"].get("timings", {})}
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
         return {"privacy": report.to_json(), **result}
+    except Interrupted:
+        raise
     except BaseException as e:
         store.write_json(run_dir / "failed.json", {
             "phase": phase, "error": f"{type(e).__name__}: {e}", "seconds": time.time() - t0,
             "traceback": traceback.format_exc(),
         })
         raise
+
+
+class _stop_on_signals:
+    """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
+
+    def __init__(self, ctx: _Context):
+        self.ctx, self.old = ctx, {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.ctx.stop_requested is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.ctx.stop_requested = signum
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def check_privacy(report: PrivacyReport) -> None:

@@ -232,10 +232,27 @@ class DPGAN(Method):
                 raise UserError(f"'{self.name}' needs --set steps=N")
             total, D = h.steps, self.D
         q = min(1.0, h.batch_size / len(train))
+        self._total_steps = total
 
-        g_steps, since_g, d_loss_sum, d_seen = 0, 0, 0.0, 0
+        g_steps, since_g, d_loss_sum, d_seen, start = 0, 0, 0.0, 0, 1
+        inner_d = opt_d.original_optimizer if self.private else opt_d
+        if ctx.resume_state:  # continue exactly where the checkpoint left off
+            r = ctx.resume_state
+            self.G.load_state_dict(r["G"])
+            self.D.load_state_dict(r["D"])
+            inner_d.load_state_dict(r["opt_d"])
+            opt_g.load_state_dict(r["opt_g"])
+            if self.scheduler and r["scheduler"]:
+                self.scheduler.load_state_dict(r["scheduler"])
+            data_gen.set_state(r["data_gen"])
+            noise_gen.set_state(r["noise_gen"])
+            torch.set_rng_state(r["torch_rng"])
+            if r.get("cuda_rng") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(r["cuda_rng"], dev)
+            g_steps, since_g, start = r["g_steps"], r["since_g"], r["t"] + 1
         bar = ctx.progress(total=total, desc=f"{self.name} D steps")
-        for t in range(1, total + 1):
+        bar.update(start - 1)
+        for t in range(start, total + 1):
             idx = poisson_batch(len(train), q, data_gen, dev)
             with torch.no_grad():
                 fake_x, fake_y = self._fake(h.batch_size, dev)
@@ -252,6 +269,7 @@ class DPGAN(Method):
 
             n_d = self.scheduler.n_d if self.scheduler else h.n_d
             if since_g < n_d:
+                self._maybe_checkpoint(ctx, t, g_steps, since_g, inner_d, opt_g, data_gen, noise_gen)
                 continue
             since_g = 0
             logged = (g_steps + 1) % h.log_every == 0 or t + n_d > total
@@ -265,12 +283,24 @@ class DPGAN(Method):
                            d_fake_acc_ema=self.scheduler.ema if self.scheduler else None,
                            n_d_next=self.scheduler.n_d if self.scheduler else n_d)
                 d_loss_sum, d_seen = 0.0, 0
+            self._maybe_checkpoint(ctx, t, g_steps, since_g, inner_d, opt_g, data_gen, noise_gen)
         bar.close()
         if self.private:
             D._close()  # remove Opacus hooks; self.D stays a plain module
         self.G.cpu().eval()
         self.D.cpu().eval()
         return ctx.ledger.report()
+
+    def _maybe_checkpoint(self, ctx, t, g_steps, since_g, opt_d, opt_g, data_gen, noise_gen) -> None:
+        if t == self._total_steps or not ctx.checkpoint_due():
+            return
+        ctx.checkpoint({
+            "G": self.G.state_dict(), "D": self.D.state_dict(), "opt_d": opt_d.state_dict(),
+            "opt_g": opt_g.state_dict(), "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "data_gen": data_gen.get_state(), "noise_gen": noise_gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
+            "t": t, "g_steps": g_steps, "since_g": since_g,
+        })
 
     @torch.no_grad()
     def _fake_accuracy(self, dev) -> float:

@@ -1,0 +1,94 @@
+"""Resume: a run killed mid-training (SIGKILL) and resumed ends with the same privacy
+record as an uninterrupted run of the same config and seed; SIGTERM checkpoints and
+stops with a clear line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpgen_bench.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=400", "--seed", "3"]
+
+
+def _spawn(out: Path, env_extra: dict) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env_extra}
+    code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
+    return subprocess.Popen([sys.executable, "-c", code, *ARGS, "--out", str(out)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(out: Path, proc: subprocess.Popen, min_steps: int = 40, timeout: float = 240):
+    t = time.time()
+    while time.time() - t < timeout:
+        ckpt = out / "resume.pt"
+        if ckpt.exists() and (out / "train.jsonl").exists():
+            lines = (out / "train.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1])["d_step"] >= min_steps:
+                return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint appeared")
+
+
+def _privacy(d: Path) -> dict:
+    return json.loads((d / "privacy.json").read_text())
+
+
+def test_killed_run_resumes_to_the_same_privacy_record(tmp_path, cli_runner):
+    ref = tmp_path / "uninterrupted"
+    res = cli_runner.invoke(cli, ARGS + ["--out", str(ref)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+
+    out = tmp_path / "killed"
+    proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})
+    _wait_for_checkpoint(out, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "eval.json").exists() and not (out / "privacy.json").exists()
+
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    a, b = _privacy(ref), _privacy(out)
+    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == 400
+    assert a["epsilon"] == b["epsilon"] and a["parts"][0]["noise_multiplier"] == b["parts"][0]["noise_multiplier"]
+    assert (out / "eval.json").is_file()
+    ma = json.loads((ref / "eval.json").read_text())["metrics"]["gen2real_cnn"]
+    mb = json.loads((out / "eval.json").read_text())["metrics"]["gen2real_cnn"]
+    assert abs(ma - mb) < 0.25  # within seed noise of a tiny model
+
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out)])  # finished: refused
+    assert res.exit_code == 2 and "already finished" in res.stderr
+
+
+def test_sigterm_checkpoints_and_says_how_to_resume(tmp_path, cli_runner):
+    out = tmp_path / "term"
+    proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})
+    _wait_for_checkpoint(out, proc, min_steps=20)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert f"resume with: bench run --resume {out}" in err
+    assert (out / "resume.pt").is_file() and not (out / "failed.json").exists()
+
+
+def test_resume_refuses_a_different_config(tmp_path, cli_runner):
+    out = tmp_path / "x"
+    proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})
+    _wait_for_checkpoint(out, proc, min_steps=10)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out), "--eps", "5"])
+    assert res.exit_code == 2 and "differ from the run's config in epsilon" in res.stderr
+    (out / "resume.pt").write_bytes(b"truncated")
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
+    assert res.exit_code == 2 and "cannot read the checkpoint" in res.stderr
+    res = cli_runner.invoke(cli, ["run", "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "not a run directory" in res.stderr
