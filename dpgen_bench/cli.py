@@ -246,6 +246,9 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
 
     cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed)
     prepared = runner.prepare(cfg, data_root)
+    if not prepared.budget.private:
+        click.echo(f"method {cfg.method} is not private (ε = ∞): it has no private parts to account")
+        return
     rep = planned_report(prepared.budget, prepared.planned)
     click.echo(f"method {cfg.method}, dataset {cfg.dataset} (N={len(prepared.data.train)}), preset {cfg.preset}")
     click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")

@@ -179,7 +179,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
-        raise UserError(f"cannot parse config file {p}: {e}") from None
+        first = " ".join(str(e).split())  # one line, whatever the parser's layout
+        raise UserError(f"cannot parse config file {p}: {first}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {p} must hold a mapping")
     return data

@@ -32,6 +32,19 @@ CASES = [
     (["run", "--method", "dpgan", "--eps", "1", "--bogus"], "No such option"),
     (["report", "--results", "does/not/exist"], "no results directory"),
     (["list", "things"], "Invalid value"),
+    (["run", "--eps", "1"], "--method is required"),
+    (["run", "--method", "dpgan", "--eps", "1", "--delta", "2"], "--delta must be in (0, 1)"),
+    (["run", "--method", "dpgan", "--eps", "1", "--seed", "abc"], "is not a valid integer"),
+    (["run", "--method", "dpgan", "--eps", "1", "--members", "-4"], "--members must be between"),
+    (["run", "--method", "dpgan", "--eps", "1", "--set", "n_d=often"], "expected an integer or 'adaptive'"),
+    (["run", "--method", "dpgan", "--eps", "1", "--set", "grad_sample_mode=magic"], "is not one of"),
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "bad.yaml"], "cannot parse config file"),
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "keys.yaml"], "unknown keys ['epsilonn']"),
+    (["privacy", "--method", "dpgan"], "--eps is required"),
+    (["eval", "no-such-run"], "not a finished run directory"),
+    (["sweep", "--method", "dpgan", "--eps", "1", "--jobs", "0"], "--jobs must be ≥ 1"),
+    (["sweep", "--eps", "1"], "no method given"),
+    (["run", "--resume", "no-such-run"], "not a run directory"),
 ]
 
 
@@ -41,7 +54,10 @@ def test_user_mistake_is_one_line_exit_2(cli_runner, results, args, message):
 
     if "cuda:7" in args and torch.cuda.is_available():
         pytest.skip("machine has CUDA")
-    res = cli_runner.invoke(cli, args + (["--preset", "tiny"] if args[0] == "run" and "--preset" not in args else []))
+    (results.parent / "bad.yaml").write_text("method: [unclosed\n")
+    (results.parent / "keys.yaml").write_text("epsilonn: 1\n")
+    extra = ["--preset", "tiny"] if args[0] == "run" and "--preset" not in args and "--resume" not in args else []
+    res = cli_runner.invoke(cli, args + extra)
     assert res.exit_code == 2, (res.output, res.stderr, res.exception)
     lines = [x for x in res.stderr.splitlines() if x.strip() and not x.startswith("[bench]")]
     assert len(lines) == 1, res.stderr
