@@ -91,7 +91,9 @@ def _run_options(f):
         click.option("--eps", type=float, default=None,
                      help="Target ε (required for private methods; omit for non-private ones)."),
         click.option("--delta", type=float, default=None, help=f"Target δ [default: {DEFAULT_DELTA:g}]."),
-        click.option("--preset", default=None, help="Preset name (bench list presets) [default: quick]."),
+        click.option("--preset", default=None,
+                     help="Preset name (bench list presets) [default: quick where the method has one for the "
+                          "dataset, else paper]."),
         click.option("--n-d", "n_d", default=None, help="Discriminator steps per G step: INT or 'adaptive'."),
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a method setting."),
         click.option("--config", "config_file", default=None, help="YAML/JSON file of run keys and hparams."),
@@ -102,6 +104,15 @@ def _run_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def default_preset(method_cls, dataset: str) -> str:
+    """``quick`` where the method has one for this dataset (digits), else ``paper``."""
+    presets = getattr(method_cls, "presets", {})
+    for name in ("quick", "paper"):
+        if dataset in presets.get(name, {}):
+            return name
+    return "quick" if "*" in presets.get("quick", {}) else "paper" if "paper" in presets else "quick"
 
 
 def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members=None, device=None,
@@ -120,7 +131,7 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
     dataset = dataset or file_cfg.get("dataset", "digits")
     method_cls = registry.methods.get(method)
     registry.datasets.get(dataset)
-    preset = preset or file_cfg.get("preset", "quick")
+    preset = preset or file_cfg.get("preset") or default_preset(method_cls, dataset)
     overrides = dict(file_hp)
     overrides.update(parse_set(sets))
     if n_d is not None:

@@ -107,6 +107,7 @@ class Prepared:
     budget: Budget
     planned: list
     device: torch.device
+    data_root: str | None = None
 
 
 def budget_of(config: RunConfig, method_cls: type) -> Budget:
@@ -147,7 +148,7 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     method = method_cls(hp, info)
     planned = method.plan(budget)
     PrivacyLedger(budget, planned)  # refuses a plan over the target
-    return Prepared(config, method_cls, method, data, budget, planned, device)
+    return Prepared(config, method_cls, method, data, budget, planned, device, data_root)
 
 
 def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> Path:
@@ -246,7 +247,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         timings["sample"] = time.time() - t1
 
         phase = "evaluate"
-        result = evaluate(p, images, labels if p.method.conditional else None)
+        result = evaluate(p, images, labels if p.method.conditional else None, p.data_root)
         result["protocol"]["timings"] = {**timings, **result["protocol"].get("timings", {})}
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
         return {"privacy": report.to_json(), **result}
@@ -294,7 +295,8 @@ def check_privacy(report: PrivacyReport) -> None:
                                "the run is not recorded")
 
 
-def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:
+def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None, data_root: str | None = None
+             ) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     protocol: dict[str, Any] = {"timings": {}}
     from tqdm.auto import tqdm
@@ -304,7 +306,7 @@ def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None) -> 
         t = time.time()
         log.info("evaluating %s", name)
         out = ev.evaluate(EvalInput(data=p.data, images=images, labels=labels, method=p.method,
-                                    device=p.device, seed=p.config.seed))
+                                    device=p.device, seed=p.config.seed, options={"data_root": data_root}))
         metrics.update(out.get("metrics", {}))
         protocol[name] = out.get("protocol", {})
         protocol["timings"][f"eval:{name}"] = time.time() - t
@@ -345,7 +347,7 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     budget = budget_of(cfg, method_cls)
     p = Prepared(cfg, method_cls, method, data, budget, [], resolve_device(cfg.device))
     seed_everything(cfg.seed)
-    result = evaluate(p, images, labels)
+    result = evaluate(p, images, labels, data_root)
     old = store.read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else {"metrics": {},
                                                                                               "protocol": {}}
     old["metrics"].update(result["metrics"])

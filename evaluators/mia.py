@@ -169,7 +169,7 @@ def reference_generator(run: EvalInput) -> Method:
     from methods.gan import GAN
 
     data = run.data
-    full = load_dataset(data.name)
+    full = load_dataset(data.name, root=run.options.get("data_root"))
     keep = np.setdiff1d(np.arange(len(full.train)), data.member_indices)
     steps = int(_opt(run, "mia_reference_steps"))
     try:
