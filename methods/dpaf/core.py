@@ -1,0 +1,473 @@
+"""The DPAF method plugin: hyperparameters, presets, privacy plan, the two training phases
+of Algorithm 1, sampling. See the package docstring (``methods/dpaf/__init__.py``) for
+the paper sections implemented and every departure from the paper."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, PrivacyReport, RunContext, Split
+from dpgen_bench.errors import UserError
+from dpgen_bench.privacy.dpsgd import make_private, poisson_batch
+
+from .budget import parse_split, plan_parts, schedule
+from .compression import compress_grad_samples
+from .dpagg import dpagg, sin
+from .nets import (
+    Classifier,
+    Conv1,
+    Conv2Star,
+    Generator,
+    Head,
+    canonical_config,
+    check_layout,
+    dcgan_init,
+    make_layout,
+    sensitivity_of,
+)
+
+LayerConfig = Literal["C2-C2-C1", "C2-C1-×", "C3-C1-×", "C2-C1-x", "C3-C1-x"]
+
+
+@dataclass(frozen=True)
+class DPAFHparams:
+    # Architecture (§6.1 canonical implementation; App. A.10). Defaults: CelebA's.
+    layer_config: LayerConfig = "C2-C2-C1"
+    width: int = 64  # d: channels of D's (and C's) first convolution; doubled per layer
+    g_width: int = 64  # G's channels mirror D's with this base width
+    latent_dim: int = 100  # z, §6.1
+    label_dim: int = 16  # size of the label embeddings of D and G (ours)
+    fc_width: int = 128  # hidden units of the first of the two FC* layers (ours)
+    g_batchnorm: bool = True  # DCGAN's BatchNorm in G (G is not private)
+    head_bias: bool = True  # biases in conv3*/FC*
+    agg_scale: Literal["mean", "unit"] = "mean"  # (DP)AGG output: sum / B, or sum rescaled to norm √m·p
+    g_loss: Literal["per_sample", "aggregate"] = "per_sample"  # G through D̂ (paper) or D̃ on the fake batch
+    image_size: int | None = None  # train at this size (resize inside fit), sample back; None: native
+    # Training schedule (Algorithm 1).
+    batch_size: int = 64  # expected Poisson batch B (§6.1: 24 MNIST/FMNIST, 64 CelebA/FFHQ)
+    batches: int = 20_000  # 𝔹: phase-2 batches = DPAGG steps T3; conv2* takes ⌊𝔹/μ⌋ steps
+    classifier_batches: int | None = None  # T1 of phase 1; None: 𝔹 (Algorithm 1 loops 𝔹 times twice)
+    mu: int = 8  # asymmetry multiplier μ (§6.1, Table 10)
+    n_critic: int = 1  # G step every n_critic batches (Table 16: best at ε=10 with μ=8)
+    # Privacy (§6.1 budget notations; §5.4 Theorem 5).
+    budget_split: str = "0.1,x,0.1"  # (ε1, ×, ε3) absolute or (x1%, x2%, x3%)
+    fill_budget: bool = False  # scale the shares up until the RDP composition reaches ε
+    max_grad_norm: float = 1.0  # u1 = u2, DPSGD clipping norm of conv1 and conv2*
+    gc: bool = True  # gradient compression of per-sample gradients (§6.2.8, Table 12)
+    gc_keep: float = 0.9  # fraction of each per-sample gradient kept (top by magnitude)
+    sin_eps: float = 1e-8  # inside SIN's square root; keeps constant maps at 0 (norm ≤ p)
+    privacy_mode: Literal["sound", "paper"] = "sound"  # see the package docstring
+    # Optimisers: Adam everywhere (DCGAN's), DP-Adam for the private parts.
+    lr_c: float = 1e-3
+    lr_conv2: float = 2e-4
+    lr_head: float = 2e-4
+    lr_g: float = 2e-4
+    beta1: float = 0.5
+    beta2: float = 0.999
+    log_every: int = 50
+    torch_threads: int | None = None  # intra-op threads during fit (restored after); None: unchanged
+
+    def __post_init__(self):
+        canonical_config(self.layer_config)
+        if self.batch_size < 1 or self.batches < 1 or self.mu < 1 or self.n_critic < 1:
+            raise ValueError("batch_size, batches, mu and n_critic must be ≥ 1")
+        if self.classifier_batches is not None and self.classifier_batches < 0:
+            raise ValueError("classifier_batches must be ≥ 0")
+        if self.max_grad_norm <= 0:
+            raise ValueError("max_grad_norm must be > 0")
+        if not 0 < self.gc_keep <= 1:
+            raise ValueError("gc_keep must be in (0, 1]")
+        if self.image_size is not None and self.image_size < 4:
+            raise ValueError("image_size must be ≥ 4")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError("torch_threads must be ≥ 1")
+        if min(self.width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
+            raise ValueError("widths, dimensions and log_every must be ≥ 1")
+        parse_split(self.budget_split)
+
+
+class DPAF(Method):
+    """DPAF: DP feature aggregation in the forward phase + asymmetric D training (Lin et al.)."""
+
+    name = "dpaf"
+    private = True
+    conditional = True
+    Hparams = DPAFHparams
+    presets = {
+        "quick": {
+            # CPU, digits 16×16 (native size, C2-C1-×: DPAGG on 2×2 maps). Measured: see the
+            # package docstring. Not a paper setting (the paper has no digits).
+            "digits": dict(layer_config="C2-C1-×", batch_size=24, batches=1600, classifier_batches=300, mu=8,
+                           n_critic=1, width=16, g_width=32, label_dim=10, fc_width=64, latent_dim=100,
+                           budget_split="0.1,x,0.1", torch_threads=1, samples_per_class=100),
+        },
+        "tiny": {  # tests only: seconds
+            "*": dict(layer_config="C2-C1-×", batch_size=16, batches=40, classifier_batches=10, mu=4, n_critic=2,
+                      width=4, g_width=4, label_dim=4, fc_width=8, latent_dim=8, log_every=10, torch_threads=1,
+                      samples_per_class=10),
+        },
+        "paper": {
+            # §6.1 "Canonical Implementation": B = 24 (MNIST/FMNIST), 64 (CelebA/FFHQ), z = 100,
+            # μ = 8, GC top-90%, split (0.1, ×, 0.1), δ = 1e-5 (the harness' default δ);
+            # configurations C2-C1-× (MNIST/FMNIST), C2-C2-C1 (CelebA), C3-C1-× (FFHQ) (§6.1,
+            # App. A.10, Tables 8/9/14). Native sizes 28 / 64 / 128 (§6.1 "Dataset").
+            # Not in the paper, ours: 𝔹 = 20,000 batches, d = 64, n_critic = 1 (Table 16).
+            "mnist": dict(layer_config="C2-C1-×", batch_size=24, latent_dim=100, mu=8, gc=True, gc_keep=0.9,
+                          budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64, n_critic=1),
+            "fashion-mnist": dict(layer_config="C2-C1-×", batch_size=24, latent_dim=100, mu=8, gc=True,
+                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                  n_critic=1),
+            "celeba-gender": dict(layer_config="C2-C2-C1", batch_size=64, latent_dim=100, mu=8, gc=True,
+                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                  n_critic=1),
+            "celeba-hair": dict(layer_config="C2-C2-C1", batch_size=64, latent_dim=100, mu=8, gc=True,
+                                gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                n_critic=1),
+            "ffhq-gender": dict(layer_config="C3-C1-×", batch_size=64, latent_dim=100, mu=8, gc=True, gc_keep=0.9,
+                                budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64, n_critic=1),
+        },
+    }
+
+    def __init__(self, hparams: DPAFHparams, info: DataInfo):
+        super().__init__(hparams, info)
+        c, h, w = info.image_shape
+        if h != w:
+            raise UserError(f"dpaf needs square images, got {h}×{w}")
+        size = hparams.image_size or h
+        self.train_shape = (c, size, size)
+        try:
+            self.layout = make_layout(self.train_shape, hparams.layer_config, hparams.width)
+            check_layout(self.layout)
+        except ValueError as e:
+            raise UserError(f"dpaf: {e}; use layer_config=C2-C1-× or a larger --set image_size=N") from None
+        self.sensitivity = sensitivity_of(self.layout)  # √m·p of DPAGG
+        self._build()
+
+    # ------------------------------------------------------------------ networks
+
+    def _build(self) -> None:
+        h, L, k = self.hparams, self.layout, self.info.num_classes
+        self.conv1 = Conv1(L)
+        self.conv2 = Conv2Star(L, k, h.label_dim)
+        self.head = Head(L, h.fc_width, 1, bias=h.head_bias)
+        self.G = Generator(L, k, h.g_width, h.latent_dim, h.label_dim, h.g_batchnorm)
+        for m in (self.conv1, self.conv2, self.head, self.G):
+            dcgan_init(m)
+
+    def _features(self, x, y, conv2=None):
+        """SIN(conv2*(conv1(x), y)): the per-example maps that (DP)AGG aggregates."""
+        conv2 = conv2 if conv2 is not None else self.conv2
+        return sin(conv2(self.conv1(x), y), self.hparams.sin_eps)
+
+    def _head_agg(self, sums: torch.Tensor) -> torch.Tensor:
+        """conv3*/FC* on (noisy) aggregated sums (k, m·p·p): the sum divided by the expected
+        batch size ("mean") or rescaled to the norm √m·p of one example ("unit")."""
+        if self.hparams.agg_scale == "unit":
+            a = sums * (self.sensitivity / sums.norm(dim=1, keepdim=True).clamp(min=1e-12))
+        else:
+            a = sums / self.hparams.batch_size
+        return self.head(a)
+
+    def _fake(self, n: int, device, generator=None):
+        z = torch.randn(n, self.hparams.latent_dim, device=device, generator=generator)
+        y = torch.randint(0, self.info.num_classes, (n,), device=device, generator=generator)
+        return self.G(z, y), y
+
+    # ------------------------------------------------------------------- privacy
+
+    def _schedule(self):
+        h = self.hparams
+        t1 = h.batches if h.classifier_batches is None else h.classifier_batches
+        return schedule(n_train=self.info.n_train, batch_size=h.batch_size, batches=h.batches, classifier_batches=t1,
+                        mu=h.mu, conv2_rate="fresh" if h.privacy_mode == "sound" else "union")
+
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        if not budget.private:
+            raise UserError(f"method '{self.name}' is private: give a finite --eps")
+        h = self.hparams
+        return plan_parts(split=h.budget_split, epsilon=budget.epsilon, delta=budget.delta, sched=self._schedule(),
+                          fill_budget=h.fill_budget)
+
+    # ------------------------------------------------------------------ training
+
+    def _resize(self, x: torch.Tensor, size: int) -> torch.Tensor:
+        if x.shape[-1] == size:
+            return x
+        antialias = size < x.shape[-1]
+        return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False,
+                             antialias=antialias).clamp(-1, 1)
+
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport:
+        h, dev = self.hparams, ctx.device
+        torch.manual_seed(ctx.seed)
+        self._build()  # seeded initialisation
+        for m in (self.conv1, self.conv2, self.head, self.G):
+            m.to(dev).train()
+        images = self._resize(train.images.to(dev), self.train_shape[1])
+        labels = train.labels.to(dev)
+        parts = ctx.ledger.planned
+        if set(parts) != {"conv1", "conv2", "dpagg"}:
+            raise UserError("dpaf needs its three planned parts conv1, conv2, dpagg")
+        data_gen = torch.Generator(device=dev).manual_seed(ctx.seed)
+        noise_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
+        gc_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 2)  # GC's threshold sampling
+        if h.privacy_mode == "paper":
+            ctx.log("dpaf: privacy_mode=paper follows Algorithm 1 literally; its ε is the paper's accounting, "
+                    "not a valid DP guarantee (see methods/dpaf docstring)")
+        bar = ctx.progress(total=parts["conv1"].steps + parts["dpagg"].steps, desc="dpaf")
+        threads = torch.get_num_threads()
+        if h.torch_threads is not None:  # tiny convolutions: extra threads cost more than they give
+            torch.set_num_threads(h.torch_threads)
+        try:
+            self._phase1(images, labels, parts["conv1"], ctx, data_gen, noise_gen, gc_gen, bar)
+            self._phase2(images, labels, parts["conv2"], parts["dpagg"], ctx, data_gen, noise_gen, gc_gen, bar)
+        finally:
+            bar.close()
+            torch.set_num_threads(threads)
+        for m in (self.conv1, self.conv2, self.head, self.G):
+            m.cpu().eval()
+        return ctx.ledger.report()
+
+    # phase 1: the classifier C (Algorithm 1 lines 2–6, §5.2.1)
+
+    def _phase1(self, images, labels, part: PrivacyPart, ctx, data_gen, noise_gen, gc_gen, bar) -> None:
+        h, dev = self.hparams, images.device
+        self.conv1.requires_grad_(False)
+        if part.steps == 0:  # ε1 = 0: conv1 stays random (Table 4's "random conv1")
+            return
+        n_train, k = len(labels), self.info.num_classes
+        C = Classifier(self.layout, k, h.fc_width, h.sin_eps).to(dev)
+        dcgan_init(C)
+        betas = (h.beta1, h.beta2)
+        sound = h.privacy_mode == "sound"
+        if sound:  # all of C is DP-trained, one clipped gradient per example
+            dp_module, other_opt = C, None
+        else:  # paper: only conv1 by DPSGD, conv2/conv3/FC by plain (non-private) gradient steps
+            dp_module = C.conv1
+            other_opt = torch.optim.Adam(list(C.conv2.parameters()) + list(C.head.parameters()), lr=h.lr_c,
+                                         betas=betas)
+        opt = torch.optim.Adam(dp_module.parameters(), lr=h.lr_c, betas=betas)
+        gsm, dp_opt = make_private(dp_module, opt, noise_multiplier=part.noise_multiplier,
+                                   max_grad_norm=h.max_grad_norm, expected_batch_size=h.batch_size,
+                                   noise_generator=noise_gen)
+        dp_params = [p for p in dp_module.parameters() if p.requires_grad]
+        loss_sum, seen = 0.0, 0
+        for t in range(1, part.steps + 1):
+            idx = poisson_batch(n_train, part.sample_rate, data_gen, dev)
+            x, y = images[idx], labels[idx]
+            dp_opt.zero_grad(set_to_none=True)
+            if other_opt is not None:
+                other_opt.zero_grad(set_to_none=True)
+            if len(idx) == 0:  # an empty Poisson batch still takes its (pure-noise) step
+                _empty_grad_samples(dp_params)
+                loss = None
+            elif sound:
+                # Per-example MSE between the predicted proportions of a batch of one and
+                # its proportions (the one-hot label): decomposes over examples.
+                probs = F.softmax(gsm(x), dim=1)
+                loss = ((probs - F.one_hot(y, k).to(probs.dtype)) ** 2).mean(1).mean()
+                loss.backward()
+            else:
+                feats = sin(C.conv2(gsm(x)), h.sin_eps)
+                agg = feats.flatten(1).sum(0, keepdim=True) / len(idx)
+                probs = F.softmax(C.head(agg), dim=1)
+                target = F.one_hot(y, k).to(probs.dtype).mean(0, keepdim=True)  # class proportions
+                loss = F.mse_loss(probs, target)
+                loss.backward()
+            if h.gc:
+                compress_grad_samples(dp_params, h.gc_keep, generator=gc_gen)
+            dp_opt.step()
+            if other_opt is not None and loss is not None:
+                other_opt.step()
+            ctx.ledger.spend("conv1")
+            bar.update(1)
+            if loss is not None:
+                loss_sum, seen = loss_sum + loss.item(), seen + 1
+            if t % h.log_every == 0 or t == part.steps:
+                ctx.record(phase="classifier", step=t, mse=loss_sum / max(1, seen))
+                loss_sum, seen = 0.0, 0
+        gsm._close()
+        self.conv1.load_state_dict(C.conv1.state_dict())  # conv1* ← conv1; C is discarded
+        self.conv1.requires_grad_(False)
+
+    # phase 2: the DPGAN (Algorithm 1 lines 7–17, §5.2.2)
+
+    def _phase2(self, images, labels, part2: PrivacyPart, part3: PrivacyPart, ctx, data_gen, noise_gen, gc_gen,
+                bar):
+        h, dev = self.hparams, images.device
+        n_train, B, mu = len(labels), h.batch_size, h.mu
+        betas = (h.beta1, h.beta2)
+        opt_head = torch.optim.Adam(self.head.parameters(), lr=h.lr_head, betas=betas)
+        opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g, betas=betas)
+        opt_c2 = torch.optim.Adam(self.conv2.parameters(), lr=h.lr_conv2, betas=betas)
+        gsm2, dp_opt2 = make_private(self.conv2, opt_c2, noise_multiplier=part2.noise_multiplier,
+                                     max_grad_norm=h.max_grad_norm, expected_batch_size=2 * mu * B,
+                                     noise_generator=noise_gen)
+        sigma3, sens = part3.noise_multiplier, self.sensitivity
+        window: list = []
+        conv2_steps, g_steps = 0, 0
+        stats = {"d_loss": 0.0, "g_loss": 0.0, "conv2_loss": 0.0, "n_d": 0, "n_g": 0, "n_c2": 0}
+        targets = torch.tensor([1.0, 0.0], device=dev)
+        for i in range(1, part3.steps + 1):
+            # L_BCE on D with DPAGG(ε3): real and fake aggregates, noise on both (line 8)
+            idx = poisson_batch(n_train, part3.sample_rate, data_gen, dev)
+            g_due = i % h.n_critic == 0
+            with torch.set_grad_enabled(g_due):  # the i-th batch's fakes also serve G's step (line 16)
+                xf_g, yf = self._fake(B, dev)
+            xf = xf_g.detach()
+            with torch.no_grad():
+                s_real = dpagg(self._features(images[idx], labels[idx]), sigma3, sens, noise_gen)
+                ctx.ledger.spend("dpagg")
+                s_fake = dpagg(self._features(xf, yf), sigma3, sens, noise_gen)
+            d_loss = F.binary_cross_entropy_with_logits(self._head_agg(torch.stack([s_real, s_fake])).flatten(),
+                                                        targets)
+            opt_head.zero_grad(set_to_none=True)
+            d_loss.backward()  # inputs are detached: only conv3*/FC* move (lines 11/14)
+            opt_head.step()
+            window.append((s_real, s_fake, idx, xf, yf))
+            stats["d_loss"] += d_loss.item()
+            stats["n_d"] += 1
+
+            # conv2* by DPSGD(ε2) once every μ batches (lines 9–12)
+            if i % mu == 0 and conv2_steps < part2.steps:
+                if h.privacy_mode == "sound":
+                    c2_loss = self._conv2_step_sound(images, labels, window, part2, gsm2, dp_opt2, data_gen,
+                                                     gc_gen)
+                else:
+                    c2_loss = self._conv2_step_paper(images, labels, window, gsm2, dp_opt2, gc_gen)
+                ctx.ledger.spend("conv2")
+                conv2_steps += 1
+                stats["conv2_loss"] += c2_loss
+                stats["n_c2"] += 1
+            if i % mu == 0:
+                window = []
+
+            # G every n_critic batches on L''_BCE through D̂ (no aggregation) (lines 15–17)
+            if g_due:
+                stats["g_loss"] += self._g_step(gsm2, opt_g, xf_g, yf)
+                stats["n_g"] += 1
+                g_steps += 1
+            bar.update(1)
+            if i % h.log_every == 0 or i == part3.steps:
+                ctx.record(phase="gan", step=i, conv2_steps=conv2_steps, g_steps=g_steps,
+                           d_loss=stats["d_loss"] / max(1, stats["n_d"]),
+                           g_loss=stats["g_loss"] / max(1, stats["n_g"]) if stats["n_g"] else None,
+                           conv2_loss=stats["conv2_loss"] / stats["n_c2"] if stats["n_c2"] else None)
+                stats = dict.fromkeys(stats, 0.0)
+        gsm2._close()
+
+    def _conv2_step_sound(self, images, labels, window, part2, gsm2, dp_opt2, data_gen, gc_gen) -> float:
+        """conv2*'s DPSGD step on L'_BCE (D̃: AGG instead of DPAGG) with per-example
+        gradients. Reals: a fresh Poisson sample (rate γ2 = μB/N) split at random into μ
+        chunks; example i of chunk k gets the gradient of ⟨SIN(conv2*(conv1(xᵢ), yᵢ)), v_k⟩
+        with v_k = ∂BCE(head(a), 1)/∂a at a = the k-th real aggregate DPAGG released in
+        this window. Fakes: the window's own fake batches, v at their (equally noised)
+        aggregates, target 0. This is the chain rule of L'_BCE through AGG with the
+        batch-dependent factor ∂L/∂a fixed at a DP-released point, so each example's
+        gradient depends on that example alone (and clipping bounds its contribution)."""
+        h, dev = self.hparams, images.device
+        mu = len(window)
+        idx = poisson_batch(len(labels), part2.sample_rate, data_gen, dev)
+        k_real = torch.randint(0, mu, (len(idx),), generator=data_gen, device=dev)
+        xf = torch.cat([w[3] for w in window])
+        yf = torch.cat([w[4] for w in window])
+        k_fake = torch.cat([torch.full((len(w[3]),), k, device=dev) for k, w in enumerate(window)])
+        with torch.no_grad():
+            h1 = self.conv1(torch.cat([images[idx], xf]))
+        feats = sin(gsm2(h1, torch.cat([labels[idx], yf])), h.sin_eps).flatten(1)  # per-example graph
+        points = torch.cat([torch.stack([w[0] for w in window]), torch.stack([w[1] for w in window])])
+        points.requires_grad_(True)
+        tgt = torch.cat([torch.ones(mu, device=dev), torch.zeros(mu, device=dev)])
+        lv = F.binary_cross_entropy_with_logits(self._head_agg(points).flatten(), tgt, reduction="sum")
+        (v,) = torch.autograd.grad(lv, points)  # head parameters untouched
+        rows = torch.cat([v[:mu][k_real], v[mu:][k_fake]])
+        surrogate = (feats * rows).sum(1).mean()  # Opacus' per-sample gradients: ∇⟨f_i, v⟩
+        dp_opt2.zero_grad(set_to_none=True)
+        surrogate.backward()
+        if h.gc:
+            compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
+        dp_opt2.step()
+        return float(lv.item()) / (2 * mu)
+
+    def _conv2_step_paper(self, images, labels, window, gsm2, dp_opt2, gc_gen) -> float:
+        """Algorithm 1 line 10 literally: L'_BCE over the last μ batches on D̃ (clean AGG
+        per batch, real and fake), Opacus' per-sample gradients of that coupled loss."""
+        h, dev = self.hparams, images.device
+        B, mu = h.batch_size, len(window)
+        xs, ys, segs = [], [], []
+        for k, (_, _, idx, xf, yf) in enumerate(window):
+            xs += [images[idx], xf]
+            ys += [labels[idx], yf]
+            segs += [torch.full((len(idx),), k, device=dev), torch.full((len(xf),), mu + k, device=dev)]
+        with torch.no_grad():
+            h1 = self.conv1(torch.cat(xs))
+        feats = sin(gsm2(h1, torch.cat(ys)), h.sin_eps).flatten(1)
+        sums = torch.zeros(2 * mu, feats.shape[1], device=dev).index_add(0, torch.cat(segs).long(), feats)
+        tgt = torch.cat([torch.ones(mu, device=dev), torch.zeros(mu, device=dev)])
+        loss = F.binary_cross_entropy_with_logits(self._head_agg(sums).flatten(), tgt)
+        dp_opt2.zero_grad(set_to_none=True)
+        loss.backward(inputs=list(self.conv2.parameters()))
+        if h.gc:
+            compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
+        dp_opt2.step()
+        return float(loss.item())
+
+    def _g_step(self, gsm2, opt_g, x, y) -> float:
+        """L''_BCE on D̂ (D without DPAGG: per example) for the batch's fakes; only G moves."""
+        gsm2.disable_hooks()
+        try:
+            feats = self._features(x, y)
+            if self.hparams.g_loss == "aggregate":  # D̃ on the fake batch (no noise)
+                logits = self._head_agg(feats.flatten(1).sum(0, keepdim=True)).flatten()
+            else:  # D̂: every fake on its own (Algorithm 1 line 16)
+                logits = self.head(feats).flatten()
+            loss = F.softplus(-logits).mean()  # −log D(G(z)): non-saturating
+            opt_g.zero_grad(set_to_none=True)
+            loss.backward(inputs=list(self.G.parameters()))
+            opt_g.step()
+        finally:
+            gsm2.enable_hooks()
+        return float(loss.item())
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
+        if labels is None:
+            labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
+        labels = labels.long().cpu()
+        z = torch.randn(n, self.hparams.latent_dim, generator=rng)
+        self.G.cpu().eval()
+        out = torch.cat([self.G(z[i:i + 1024], labels[i:i + 1024]) for i in range(0, n, 1024)]) if n else \
+            torch.zeros(0, *self.train_shape)
+        out = self._resize(out, self.info.image_shape[1])
+        return out.clamp(-1, 1).float(), labels
+
+    def state_dict(self) -> dict:
+        return {
+            "conv1": self.conv1.state_dict(),
+            "conv2": self.conv2.state_dict(),
+            "head": self.head.state_dict(),
+            "G": self.G.state_dict(),
+            "hparams": dataclasses.asdict(self.hparams),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.conv1.load_state_dict(state["conv1"])
+        self.conv2.load_state_dict(state["conv2"])
+        self.head.load_state_dict(state["head"])
+        self.G.load_state_dict(state["G"])
+
+
+def _empty_grad_samples(params) -> None:
+    """Per-sample gradients of an empty batch, so that the DP step adds its noise."""
+    for p in params:
+        p.grad_sample = torch.zeros((0, *p.shape), device=p.device, dtype=p.dtype)
+
+
+__all__ = ["DPAF", "DPAFHparams"]

@@ -1,0 +1,470 @@
+"""GS-WGAN (Chen, Orekondy, Fritz; NeurIPS 2020), the base of DP-GAN-DPAC (Chen et al.,
+CVPR 2023, §3-4.1 "Remark on privacy-preservation", Eq. 5-9, §5.1).
+
+Training (GS-WGAN Alg. 1; official code ``source/main.py``, ``pretrain.py``):
+
+- The private training set is split once into K disjoint subsets d_1..d_K: every record
+  is assigned to one subset, independently and uniformly at random (seeded).
+  Discriminator D_k sees only d_k. Each D_k is first *pretrained* on d_k against its own throw-away non-private
+  generator (``pretrain_steps`` iterations of ``n_d`` critic steps + one generator step).
+- Each generator iteration t = 1..T: draw k uniformly from {1..K} (seeded, independent
+  across steps); train D_k ``n_d`` steps of WGAN-GP (λ = 10) with the drift penalty
+  0.001·D(x)² on real batches of d_k and fakes of the *same* labels; then one
+  generator step on B fresh fakes with uniform labels, loss −Σᵢ D_k(G(zᵢ, yᵢ), yᵢ).
+- The generator's gradient is sanitised on the generated images (Eq. 5, 9): a hook on
+  x = G(z, y) clips each example's ∂L/∂xᵢ to L2 norm C (ζ = 1) and adds N(0, σ_h²C²) per
+  coordinate (``dpgen_bench.privacy.sanitizer``); only G's parameters receive gradient.
+- Adam(1e-4, β = (0.5, 0.9)) for D and G; spectral norm in D (projection discriminator,
+  DCGAN-style 5×5 stride-2 convolutions) and G (``dpgen_bench.nets.resnet``, BigGAN-style);
+  samples come from an exponential moving average of G's weights (0.999, as ``netGS``).
+- Only the generator is released: the discriminators (and the pretraining generators)
+  are discarded; ``state_dict`` holds the sampling generator only.
+
+Privacy (the ledger's part ``generator_gradient``). What reaches the output is the
+sequence of sanitised image-gradient batches M_t (G's weights are post-processing of
+them: the Jacobian J_G does not depend on data). Fix a record x; it lies in exactly one
+subset d_{k(x)}. Everything that depends on x -- D_{k(x)}'s pretraining and every later
+update of D_{k(x)} -- feeds into M_t only at steps where k_t = k(x), which happens with
+probability 1/K, independently at each step. At such a step D_{k(x)} is a function of
+the *whole* subset, not of the B records in this step's batch (it was pretrained on all
+of d_k and keeps training on it), so every member of d_k must be counted as used. Hence:
+
+- sampling rate q = 1/K per generator step (GS-WGAN's ``privacy_analysis.py`` also uses
+  ``prob = 1/num_discriminators``). The rate B/N ("a discriminator w.p. 1/K, then B of its
+  N/K records") would be right only if D_k depended on this step's batch alone; it
+  depends on all of d_k, so B/N under-counts and is not used;
+- sensitivity: changing x can move each of the B clipped rows anywhere in the ball of
+  radius C, so the released B×d tensor moves by at most 2C√B in L2 (GS-WGAN's
+  ``SENSITIVITY = 2``, times √B because all B rows come from the same D_k, and so from
+  the same sampling event). The accounted noise multiplier is therefore
+  σ = σ_h / (2√B), i.e. the hook adds per-coordinate noise σ_h·C = 2√B·σ·C.
+  The non-selected branch of the mixture is "another discriminator", not "the same one
+  without x"; its privacy profile is bounded by advanced joint convexity (Balle et al.
+  2018) with the same diameter 2C√B, and we account it, as GS-WGAN does, with the
+  Poisson-subsampled Gaussian RDP (``dpgen_bench.privacy.accounting``).
+- Pretraining costs nothing *separately*: its only effect on the output is through
+  D_{k(x)}, i.e. through the steps already counted above. This needs each D_k's
+  pretraining generator to be its own (as in GS-WGAN's ``pretrain.py``): one generator
+  shared across discriminators would carry every subset into every D_k, and then every
+  step would touch every record (q = 1).
+- T = number of generator steps; the ledger is charged once per generator step.
+
+Departures from the papers:
+- Accounting. GS-WGAN's code composes T·B subsampled Gaussians (σ = 1.07, rate 1/K),
+  amplifying each of the B per-example gradients of a step separately although all B
+  share one sampling event (the choice of k). We compose T steps of one subsampled
+  Gaussian over the whole batch (noise multiplier σ_h/(2√B), rate 1/K): at the same
+  σ_h this is far more expensive, so σ_h (or T) is calibrated from the target ε as
+  everywhere in this harness. The paper's σ = 1.07 / 20,000 iterations (ε = 10 by its
+  accounting) is not reproduced; ``paper`` presets keep T = 20,000, K = 1,000, B = 32 and
+  calibrate σ (at ε = 10 on MNIST: accounted σ ≈ 0.47, hook σ_h ≈ 5.3 vs. 2·1.07 = 2.14).
+- The latent is N(0, I) (GS-WGAN's default is Bernoulli(0.5)) so that the membership
+  attacks, which search z under a Gaussian prior, apply.
+- Images are in [-1, 1] with a tanh output (GS-WGAN: [0, 1], sigmoid).
+- The generator is BigGAN-style with halving channels and class-conditional pixel norm
+  (``dpgen_bench.nets.resnet``); GS-WGAN's keeps 4·width channels and concatenates a
+  one-hot label to z. 28×28 is reached from a 7×7 grid instead of cropping 32×32.
+- The discriminator's three convolutions and projection head follow GS-WGAN's
+  ``DiscriminatorDCGAN``; for 16×16 and 32×32 its last feature map is 2×2 / 4×4.
+- Each record's subset is drawn independently (sizes are Binomial(N, 1/K)); GS-WGAN
+  shuffles the indices and cuts N/K-sized pieces, dropping the N mod K remainder. With
+  independent assignment, adding or removing one record leaves the other records'
+  subsets distributed as before, which is what the 1/K argument assumes; a balanced cut
+  moves records between subsets when N changes. An empty subset (probability
+  K·(1−1/K)^N) trains nothing: its steps are still taken and accounted. Real batches are
+  drawn uniformly without replacement from d_k at each critic step (GS-WGAN cycles
+  through d_k in epochs). The choice of k has its own seeded generator.
+- The hook sits on the generated image tensor, not on D's first convolution (GS-WGAN's
+  ``register_backward_hook`` on ``netD.conv1``, switched between a dummy and the DP hook):
+  the same gradient for GS-WGAN, but every consumer of x is covered (DP-GAN-DPAC's C), D's
+  own training can never pass through it, and it avoids the module backward hook whose
+  ``grad_input`` semantics changed across PyTorch versions (GS-WGAN's README warns).
+  G's loss is a per-example sum and the hook scales by 1/B, which equals GS-WGAN's mean
+  loss with its clip bound C/B.
+- ``quick``/``tiny`` presets (CPU) shrink K, T, pretraining, widths and the EMA horizon,
+  drop spectral norm and raise D's learning rate (1e-3) and G's Adam β₁ (0.9, with lr
+  2e-4) so that D learns in a few dozen steps and G averages its noisy gradient; the
+  ``paper`` presets use the papers' values (see ``presets``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils.parametrizations import spectral_norm as _sn
+
+from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, PrivacyReport, RunContext, Split
+from dpgen_bench.errors import UserError
+from dpgen_bench.nets.resnet import ConditionalResNetGenerator
+from dpgen_bench.privacy import calibrate_noise, steps_for_budget
+from dpgen_bench.privacy.sanitizer import GradientSanitizer
+
+PART = "generator_gradient"
+
+
+# ------------------------------------------------------------------------ networks
+
+
+def _conv_trunk(channels: int, width: int, sn: bool) -> nn.Sequential:
+    """GS-WGAN's DCGAN trunk: three 5×5 stride-2 convolutions (width, 2w, 4w) with ReLU."""
+    wrap = _sn if sn else (lambda m: m)
+    return nn.Sequential(
+        wrap(nn.Conv2d(channels, width, 5, 2, 2)), nn.ReLU(),
+        wrap(nn.Conv2d(width, 2 * width, 5, 2, 2)), nn.ReLU(),
+        wrap(nn.Conv2d(2 * width, 4 * width, 5, 2, 2)), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
+def _trunk_features(image_shape: tuple[int, int, int], width: int) -> int:
+    _, h, w = image_shape
+    for _ in range(3):
+        h, w = (h + 1) // 2, (w + 1) // 2
+    return 4 * width * h * w
+
+
+class ProjectionDiscriminator(nn.Module):
+    """GS-WGAN's ``DiscriminatorDCGAN``: DCGAN trunk, linear critic plus a projection
+    term ⟨embed(y), φ(x)⟩ (Miyato & Koyama 2018); spectral norm optional. No batch
+    coupling (no BatchNorm), so D(x)ᵢ depends on xᵢ only."""
+
+    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, width: int = 64, sn: bool = True):
+        super().__init__()
+        wrap = _sn if sn else (lambda m: m)
+        feats = _trunk_features(image_shape, width)
+        self.trunk = _conv_trunk(image_shape[0], width, sn)
+        self.linear = wrap(nn.Linear(feats, 1))
+        self.embed = wrap(nn.Embedding(num_classes, feats))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(x)
+        return self.linear(h).flatten() + (self.embed(y) * h).sum(1)
+
+
+# ------------------------------------------------------------------------ hparams
+
+
+@dataclass(frozen=True)
+class GSWGANHparams:
+    num_discriminators: int = 1000  # K; sampling rate 1/K
+    batch_size: int = 32  # B: real batch per critic step and fakes per generator step
+    n_d: int = 5  # critic steps per generator step (GS-WGAN's critic_iters)
+    steps: int | None = None  # T generator steps; noise calibrated from the target
+    noise_multiplier: float | None = None  # accounted σ = hook noise / (2√B); T derived
+    max_grad_norm: float = 1.0  # C = ζ
+    pretrain_steps: int = 2000  # per discriminator, free (see module docstring)
+    latent_dim: int = 10  # GS-WGAN's z_dim
+    g_width: int = 64  # GS-WGAN's model_dim
+    d_width: int = 64
+    embed_dim: int = 32
+    g_spectral_norm: bool = True
+    d_spectral_norm: bool = True
+    lr_d: float = 1e-4
+    lr_g: float = 1e-4
+    beta1: float = 0.5
+    beta2: float = 0.9
+    beta1_g: float | None = None  # the generator's Adam β₁ (default: beta1)
+    gp_weight: float = 10.0  # λ of WGAN-GP
+    drift_weight: float = 0.001  # GS-WGAN's L_epsilon
+    ema: float = 0.999  # EMA of G for sampling (netGS); 0: none
+    log_every: int = 100  # generator steps between train.jsonl lines
+
+    def __post_init__(self):
+        for name in ("num_discriminators", "batch_size", "n_d", "latent_dim", "g_width", "d_width", "embed_dim",
+                     "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1")
+        if self.pretrain_steps < 0:
+            raise ValueError("pretrain_steps must be ≥ 0")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError("steps must be ≥ 1")
+        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
+            raise ValueError("noise_multiplier must be > 0")
+        if self.max_grad_norm <= 0:
+            raise ValueError("max_grad_norm must be > 0")
+        if not 0 <= self.ema < 1:
+            raise ValueError("ema must be in [0, 1)")
+
+
+# ------------------------------------------------------------------------ method
+
+
+class GSWGAN(Method):
+    """GS-WGAN: K non-private discriminators on disjoint subsets, sanitised generator gradient."""
+
+    name = "gswgan"
+    private = True
+    conditional = True
+    Hparams = GSWGANHparams
+    presets = {
+        "quick": {
+            # CPU, digits 16×16 (N = 1437): K = 50 subsets of ~29 records, T = 700 generator
+            # steps, n_D = 1, 3 pretraining iterations per discriminator; no spectral norm and
+            # Adam 1e-3 for D (D must learn in a few dozen steps), 2e-4 with β₁ = 0.9 for G (a
+            # noise-dominated gradient), EMA 0.995. ~60-80 s of training on this 2-core machine
+            # under load (one thread). At ε = 10 the sanitised gradient is noise-dominated at this
+            # T (σ ≈ 0.67, hook noise ≈ 7.6·C per coordinate) and utility is at chance; without
+            # noise the same preset reaches gen2real CNN ≈ 0.86 (see the issue report).
+            "digits": dict(num_discriminators=50, batch_size=32, n_d=1, steps=700, pretrain_steps=3,
+                           latent_dim=16, g_width=16, d_width=8, embed_dim=8, g_spectral_norm=False,
+                           d_spectral_norm=False, lr_d=1e-3, lr_g=2e-4, beta1_g=0.9, ema=0.995, log_every=50,
+                           samples_per_class=100),
+        },
+        "tiny": {  # tests only: seconds
+            "*": dict(num_discriminators=4, batch_size=16, n_d=1, steps=30, pretrain_steps=3, latent_dim=8,
+                      g_width=8, d_width=4, embed_dim=4, g_spectral_norm=False, d_spectral_norm=False, ema=0.9,
+                      log_every=5, samples_per_class=10),
+        },
+        "paper": {
+            # GS-WGAN §4 / official source/config.py (DP-GAN-DPAC §5.1 keeps them): K = 1000,
+            # B = 32, n_D = 5, T = 20,000, 2,000 pretraining iterations per discriminator,
+            # z_dim = 10, model_dim = 64, Adam(1e-4, (0.5, 0.9)), λ_GP = 10, drift 0.001, EMA
+            # 0.999; 6,000 samples per class (utils.save_gen_data). σ is calibrated from the
+            # target (module docstring: the paper's σ = 1.07 relies on its own accounting).
+            "mnist": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000, pretrain_steps=2000,
+                          samples_per_class=6000),
+            "fashion-mnist": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000, pretrain_steps=2000,
+                                  samples_per_class=6000),
+            # DP-GAN-DPAC Tables 1-3 (GS-WGAN row on CelebA-gender 32×32): neither paper gives
+            # CelebA-specific values, so the MNIST ones are kept (K = 1000: ~163 per subset).
+            "celeba-gender-32": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000,
+                                     pretrain_steps=2000),
+        },
+    }
+
+    def __init__(self, hparams: GSWGANHparams, info: DataInfo):
+        super().__init__(hparams, info)
+        h = hparams
+        self.G = ConditionalResNetGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim,
+                                            h.embed_dim, h.g_spectral_norm)
+        self.G_ema = copy.deepcopy(self.G) if h.ema > 0 else None
+        self.discriminators: list[nn.Module] = []  # built in fit, discarded after it
+
+    # ------------------------------------------------------------------ privacy
+
+    @property
+    def sample_rate(self) -> float:
+        return 1.0 / self.hparams.num_discriminators
+
+    def hook_noise_multiplier(self, accounted_sigma: float) -> float:
+        """Per-coordinate noise std of the hook in units of C: 2√B · σ (module docstring)."""
+        return 2.0 * math.sqrt(self.hparams.batch_size) * accounted_sigma
+
+    def _check_partition(self) -> None:
+        if self.hparams.num_discriminators > self.info.n_train:
+            raise UserError(f"num_discriminators={self.hparams.num_discriminators} exceeds the {self.info.n_train} "
+                            "training records: every subset needs at least one")
+
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        h, q = self.hparams, self.sample_rate
+        if not budget.private:
+            raise UserError(f"method '{self.name}' is private: give a finite --eps")
+        self._check_partition()
+        if h.steps is not None and h.noise_multiplier is None:
+            sigma = calibrate_noise(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
+                                    steps=h.steps)
+            steps = h.steps
+        elif h.noise_multiplier is not None and h.steps is None:
+            sigma = h.noise_multiplier
+            steps = steps_for_budget(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
+                                     noise_multiplier=sigma)
+            if steps == 0:
+                raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
+        elif h.noise_multiplier is not None and h.steps is not None:
+            sigma, steps = h.noise_multiplier, h.steps  # the ledger refuses the plan if it exceeds the target
+        else:
+            raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
+        return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
+
+    # ----------------------------------------------------------------- training
+
+    def _new_discriminator(self) -> nn.Module:
+        h = self.hparams
+        return ProjectionDiscriminator(self.info.image_shape, self.info.num_classes, h.d_width, h.d_spectral_norm)
+
+    def _adam(self, params, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=lr, betas=(self.hparams.beta1, self.hparams.beta2))
+
+    def _partition(self, n: int, seed: int) -> list[np.ndarray]:
+        """Indices of d_1..d_K: each record's subset drawn independently and uniformly."""
+        assign = np.random.default_rng(seed).integers(0, self.hparams.num_discriminators, size=n)
+        return [np.flatnonzero(assign == k) for k in range(self.hparams.num_discriminators)]
+
+    @staticmethod
+    def _real_batch(subset: Split, size: int, gen: torch.Generator) -> Split:
+        """A batch drawn uniformly without replacement from one subset (all of it if smaller)."""
+        idx = torch.randperm(len(subset), generator=gen, device=subset.labels.device)[:size]
+        return Split(subset.images[idx], subset.labels[idx])
+
+    def _latent(self, n: int, dev, gen: torch.Generator | None = None) -> torch.Tensor:
+        return torch.randn(n, self.hparams.latent_dim, device=dev, generator=gen)
+
+    def _critic_steps(self, D, opt_d, G, subset: Split, gen: torch.Generator) -> tuple[float, float]:
+        """``n_d`` WGAN-GP steps of D on real batches of ``subset`` (drift penalty on real
+        scores); the fakes share the real labels and are drawn in one forward of G (G does
+        not change between critic steps)."""
+        h = self.hparams
+        if len(subset) == 0:  # an empty subset: nothing to learn from
+            return float("nan"), float("nan")
+        reals = [self._real_batch(subset, h.batch_size, gen) for _ in range(h.n_d)]
+        labels = torch.cat([r.labels for r in reals])
+        with torch.no_grad():
+            fakes = G(self._latent(len(labels), labels.device, gen), labels).split([len(r) for r in reals])
+        for real, fake in zip(reals, fakes):
+            n = len(real)
+            alpha = torch.rand(n, 1, 1, 1, device=fake.device, generator=gen)
+            inter = (alpha * real.images + (1 - alpha) * fake).requires_grad_(True)
+            # one forward for real, fake and interpolates (D has no batch coupling)
+            out = D(torch.cat([real.images, fake, inter]), real.labels.repeat(3))
+            d_real, d_fake, d_inter = out[:n], out[n:2 * n], out[2 * n:]
+            (grad,) = torch.autograd.grad(d_inter.sum(), inter, create_graph=True)
+            gp = ((grad.flatten(1).norm(dim=1) - 1) ** 2).mean()
+            loss = d_fake.mean() - d_real.mean() + h.gp_weight * gp + h.drift_weight * (d_real ** 2).mean()
+            opt_d.zero_grad(set_to_none=True)
+            loss.backward(inputs=list(D.parameters()))
+            opt_d.step()
+        return loss.item(), (d_real.mean() - d_fake.mean()).item()
+
+    def _pretrain(self, subsets: list[Split], ctx: RunContext, gen: torch.Generator) -> None:
+        """GS-WGAN's warm start (pretrain.py): each D_k against its own fresh non-private
+        generator, on d_k only; the generator is thrown away. No privacy cost of its own."""
+        h = self.hparams
+        if h.pretrain_steps == 0:
+            return
+        bar = ctx.progress(total=h.num_discriminators * h.pretrain_steps, desc=f"{self.name} pretraining D_k")
+        for k, (D, opt_d) in enumerate(zip(self.discriminators, self._opt_d)):
+            if len(subsets[k]) == 0:
+                bar.update(h.pretrain_steps)
+                continue
+            G = ConditionalResNetGenerator(self.info.image_shape, self.info.num_classes, h.g_width, h.latent_dim,
+                                           h.embed_dim, h.g_spectral_norm).to(ctx.device)
+            opt_g = self._adam(G.parameters(), h.lr_g)
+            d_loss = w = float("nan")
+            for _ in range(h.pretrain_steps):
+                d_loss, w = self._critic_steps(D, opt_d, G, subsets[k], gen)
+                y = torch.randint(0, self.info.num_classes, (h.batch_size,), device=ctx.device, generator=gen)
+                g_loss = -D(G(self._latent(h.batch_size, ctx.device, gen), y), y).mean()
+                opt_g.zero_grad(set_to_none=True)
+                g_loss.backward(inputs=list(G.parameters()))
+                opt_g.step()
+                bar.update(1)
+            ctx.record(phase="pretrain", discriminator=k, d_loss=d_loss, wasserstein=w)
+        bar.close()
+
+    def _generator_loss(self, x: torch.Tensor, y: torch.Tensor, D: nn.Module, subset: Split, t: int,
+                        gen: torch.Generator, logs: dict) -> torch.Tensor:
+        """Sum over examples (the sanitiser's contract): −Σᵢ D_k(xᵢ, yᵢ)."""
+        return -D(x, y).sum()
+
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport:
+        h, dev = self.hparams, ctx.device
+        self._check_partition()
+        (part,) = [p for p in ctx.ledger.planned.values() if p.name == PART]
+        if part.sample_rate != self.sample_rate:
+            raise AssertionError("planned sampling rate differs from 1/K")
+        train = train.to(dev)
+        subsets = [train.subset(idx) for idx in self._partition(len(train), ctx.seed)]
+        data_gen = torch.Generator(device=dev).manual_seed(ctx.seed)  # batches, z, y
+        noise_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)  # the sanitiser's noise
+        choice_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 2)  # k at each step
+
+        self.discriminators = [self._new_discriminator().to(dev) for _ in range(h.num_discriminators)]
+        self._opt_d = [self._adam(D.parameters(), h.lr_d) for D in self.discriminators]
+        self._pretrain(subsets, ctx, data_gen)
+
+        self.G.to(dev).train()
+        if self.G_ema is not None:
+            self.G_ema.load_state_dict(self.G.state_dict())
+            self.G_ema.to(dev).eval()
+        opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g,
+                                 betas=(h.beta1 if h.beta1_g is None else h.beta1_g, h.beta2))
+        sanitizer = GradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
+                                      generator=noise_gen, scale=1.0 / h.batch_size)
+
+        bar = ctx.progress(total=part.steps, desc=f"{self.name} generator steps")
+        acc = {"d_loss": 0.0, "wasserstein": 0.0, "g_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        seen = 0
+        for t in range(1, part.steps + 1):
+            k = int(torch.randint(0, h.num_discriminators, (1,), generator=choice_gen, device=dev).item())
+            D, opt_d = self.discriminators[k], self._opt_d[k]
+            d_loss, w = self._critic_steps(D, opt_d, self.G, subsets[k], data_gen)
+            logs: dict = {}
+            # --- the private step: the only path from data to G is through the sanitiser
+            y = torch.randint(0, self.info.num_classes, (h.batch_size,), device=dev, generator=data_gen)
+            x = self.G(self._latent(h.batch_size, dev, data_gen), y)
+            handle = sanitizer.attach(x)
+            calls = sanitizer.calls
+            loss = self._generator_loss(x, y, D, subsets[k], t, data_gen, logs)
+            opt_g.zero_grad(set_to_none=True)
+            loss.backward(inputs=list(self.G.parameters()))
+            handle.remove()
+            if sanitizer.calls != calls + 1:
+                raise AssertionError("the generator's gradient was not sanitised exactly once")
+            opt_g.step()
+            ctx.ledger.spend(PART)
+            self._update_ema(t)
+            bar.update(1)
+
+            seen += 1
+            for key, v in (("d_loss", d_loss), ("wasserstein", w), ("g_loss", loss.item() / h.batch_size),
+                           ("clip_fraction", sanitizer.last_clip_fraction), ("grad_norm", sanitizer.last_mean_norm)):
+                acc[key] += v
+            if t % h.log_every == 0 or t == part.steps:
+                ctx.record(step=t, discriminator=k, **{key: v / seen for key, v in acc.items()}, **logs)
+                acc = dict.fromkeys(acc, 0.0)
+                seen = 0
+        bar.close()
+        self.discriminators, self._opt_d = [], []  # never released
+        self.G.cpu().eval()
+        if self.G_ema is not None:
+            self.G_ema.cpu().eval()
+        return ctx.ledger.report()
+
+    @torch.no_grad()
+    def _update_ema(self, t: int) -> None:
+        """netGS of GS-WGAN (ops.exp_mov_avg): decay min(1 − 1/(t+1), ema); buffers copied."""
+        if self.G_ema is None:
+            return
+        a = min(1 - 1 / (t + 1), self.hparams.ema)
+        for pe, p in zip(self.G_ema.parameters(), self.G.parameters()):
+            pe.mul_(a).add_(p.detach(), alpha=1 - a)
+        for be, b in zip(self.G_ema.buffers(), self.G.buffers()):
+            be.copy_(b)
+
+    # ----------------------------------------------------------------- sampling
+
+    @property
+    def generator(self) -> nn.Module:
+        """The released generator: the EMA one when ``ema > 0``."""
+        return self.G_ema if self.G_ema is not None else self.G
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
+        if labels is None:
+            labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
+        labels = labels.long().cpu()
+        z = torch.randn(n, self.hparams.latent_dim, generator=rng)
+        G = self.generator.cpu().eval()
+        out = [G(z[i:i + 1024], labels[i:i + 1024]) for i in range(0, n, 1024)]
+        return torch.cat(out).clamp(-1, 1), labels
+
+    @property
+    def latent_dim(self) -> int:  # type: ignore[override]
+        return self.hparams.latent_dim
+
+    def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        if labels is None:
+            raise ValueError(f"'{self.name}' is conditional: labels are required")
+        G = self.generator.cpu().eval()
+        return G(z, labels.long())
+
+    def state_dict(self) -> dict:
+        return {"G": self.generator.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.load_state_dict(state["G"])
