@@ -37,9 +37,15 @@ def results_root(explicit: str | os.PathLike | None = None) -> Path:
 
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "wb") -> Iterator[io.IOBase]:
+    """Write ``path`` atomically: a temp file in the same directory (with the user's umask
+    mode, not mkstemp's 0600), fsync, rename, then fsync the directory so the rename is
+    durable. The one implementation every writer of the project uses."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -49,6 +55,12 @@ def atomic_open(path: Path, mode: str = "wb") -> Iterator[io.IOBase]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 def _json_default(o: Any):

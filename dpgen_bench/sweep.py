@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +87,19 @@ def status(cell: Cell, root: Path) -> str:
     return "partial" if d.exists() else "todo"
 
 
-def run_cell(config_json: dict, run_dir: str, data_root: str | None = None) -> dict[str, Any]:
-    """Run one cell (in this process, a worker process, or a Ray task)."""
+def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, threads: int | None = None
+             ) -> dict[str, Any]:
+    """Run one cell (in this process, a worker process, or a Ray task). ``threads`` caps
+    torch's threads in a worker: N processes × 2 OpenMP threads on 2 cores slow each
+    other down ~10× (measured)."""
     from . import runner
     from .cli import _setup_logging
 
     _setup_logging(False)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     cfg = RunConfig.from_json(config_json)
     t = time.time()
     prepared = runner.prepare(cfg, data_root)
@@ -140,7 +148,8 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(run_cell, cfg, d, data_root): cell for cell, cfg, d in args}
+            threads = max(1, (os.cpu_count() or 1) // jobs)
+            futures = {pool.submit(run_cell, cfg, d, data_root, threads): cell for cell, cfg, d in args}
             for fut in as_completed(futures):
                 try:
                     finished(futures[fut], fut.result())
@@ -167,7 +176,7 @@ def _run_ray(args, address, data_root, finished) -> None:
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     gpu = torch.cuda.is_available() or bool(ray.cluster_resources().get("GPU"))
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(run_cell)
-    refs = {remote.remote(cfg, d, data_root): cell for cell, cfg, d in args}
+    refs = {remote.remote(cfg, d, data_root, None if gpu else 1): cell for cell, cfg, d in args}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)

@@ -94,25 +94,12 @@ def sha1_of_file(path: str | os.PathLike) -> str:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temp file in the same directory, fsync, then os.replace."""
+    """torch.save through the project's atomic writer (temp file, fsync, rename)."""
+    from dpgen_bench.store import atomic_open
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def source_weights_path() -> Path:

@@ -180,18 +180,10 @@ def _umask_mode(tmp: str) -> None:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _umask_mode(tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    from ..store import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        f.write(data)
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
