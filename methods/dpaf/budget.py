@@ -19,7 +19,9 @@ accounting and each part is calibrated with ``calibrate_noise`` for (εk, δ) at
 sample rate γk and step count Tk. Calibrating every part at the full δ and εk with
 Σεk = ε keeps the RDP composition of the three ≤ ε: with α the smallest of the parts'
 optimal orders, Σk ρk(α) + c(α) ≤ Σk [ρk(αk) + c(αk)] = Σk εk because RDP grows with α
-and the RDP→DP term c(α) ≥ 0 on the orders used; the ledger re-checks it anyway.
+and the RDP→DP term c(α) ≥ 0 on the orders used (true for δ ≤ 1e-4; for larger δ,
+c can dip to −0.01 and the shares are scaled down until the composition fits). The
+ledger re-checks it anyway.
 ``fill_budget`` instead scales all εk by a common factor s ≥ 1 (the largest one whose
 composition is still ≤ ε), spending the slack that the paper's additive split leaves.
 
@@ -142,6 +144,10 @@ def plan_parts(*, split: str, epsilon: float, delta: float, sched: Schedule,
     """The three calibrated parts ("conv1", "conv2", "dpagg") for total (ε, δ)."""
     eps = allocate(split, epsilon)
     parts = _calibrated(eps, delta, sched)
+    shrink = 1.0
+    while compose_rdp(parts, delta) > epsilon:  # only possible for large δ (c(α) < 0): shrink the shares
+        shrink *= 0.98
+        parts = _calibrated(tuple(e * shrink for e in eps), delta, sched)  # type: ignore[arg-type]
     if not fill_budget:
         return parts
     # Largest common scale s of the shares whose RDP composition still fits the target.

@@ -109,11 +109,11 @@ def check_layout(layout: Layout) -> None:
                          f"configuration: DPAGG would see {layout.agg_size}×{layout.agg_size} feature maps")
 
 
-def _conv_stack(in_ch: int, layout: Layout, start: int, stop: int, bias: bool = True) -> nn.Sequential:
+def _conv_stack(in_ch: int, layout: Layout, start: int, stop: int) -> nn.Sequential:
     layers: list[nn.Module] = []
     c = in_ch
     for i in range(start, stop):
-        layers += [nn.Conv2d(c, layout.channels[i], layout.kernels[i], 2, 1, bias=bias), nn.LeakyReLU(0.2)]
+        layers += [nn.Conv2d(c, layout.channels[i], layout.kernels[i], 2, 1), nn.LeakyReLU(0.2)]
         c = layout.channels[i]
     return nn.Sequential(*layers)
 
@@ -169,15 +169,15 @@ class Conv2Star(nn.Module):
 class Head(nn.Module):
     """conv3 (x3 convolutions, maybe none) – FC – FC on (aggregated) feature maps."""
 
-    def __init__(self, layout: Layout, fc_width: int, out_features: int, bias: bool = True):
+    def __init__(self, layout: Layout, fc_width: int, out_features: int):
         super().__init__()
         start = layout.x1 + layout.x2
         self.m, self.p = layout.agg_channels, layout.agg_size
-        self.conv3 = _conv_stack(layout.agg_channels, layout, start, layout.n_layers, bias)
+        self.conv3 = _conv_stack(layout.agg_channels, layout, start, layout.n_layers)
         last_c = layout.channels[-1]
         last_s = layout.sizes[-1]
-        self.fc1 = nn.Linear(last_c * last_s * last_s, fc_width, bias=bias)
-        self.fc2 = nn.Linear(fc_width, out_features, bias=bias)
+        self.fc1 = nn.Linear(last_c * last_s * last_s, fc_width)
+        self.fc2 = nn.Linear(fc_width, out_features)
 
     def forward(self, a):
         """``a``: (n, m, p, p) maps or (n, m·p·p) flattened aggregates."""

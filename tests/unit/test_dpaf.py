@@ -343,6 +343,13 @@ def test_composed_epsilon_never_exceeds_the_target(config, eps):
     assert all(p.noise_multiplier > 0 for p in parts)
 
 
+@pytest.mark.parametrize("delta", [1e-2, 1e-8])
+def test_composition_fits_for_large_and_small_delta(delta):
+    sched = schedule(n_train=1437, batch_size=24, batches=400, classifier_batches=100, mu=8)
+    parts = plan_parts(split="30%,40%,30%", epsilon=1.0, delta=delta, sched=sched)
+    assert compose_rdp(parts, delta) <= 1.0
+
+
 def test_fill_budget_spends_more_but_never_too_much():
     sched = schedule(n_train=1437, batch_size=24, batches=400, classifier_batches=100, mu=8)
     base = plan_parts(split="0.1,x,0.1", epsilon=1.0, delta=1e-5, sched=sched)
