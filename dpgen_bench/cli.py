@@ -171,10 +171,14 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto].")
 @click.option("--out", default=None, help="Exact run directory [default: RESULTS/<run-id>].")
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
-@click.option("--dry-run", is_flag=True, help="Print the resolved config and privacy plan, then exit.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the resolved config, the privacy plan and a run-time estimate (from a short timed "
+                   "probe of the first training steps on this device), then exit without writing anything.")
+@click.option("--probe-seconds", type=float, default=10.0, show_default=True,
+              help="Length of --dry-run's timing probe (0: no estimate).")
 @click.option("--resume", "resume_dir", default=None, help="Continue an interrupted run from its last checkpoint.")
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, members, evaluators, device,
-        out, results, dry_run, resume_dir):
+        out, results, dry_run, probe_seconds, resume_dir):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
     from pathlib import Path
 
@@ -202,7 +206,9 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
         from .privacy.ledger import planned_report
 
         plan = planned_report(prepared.budget, prepared.planned).to_json()
-        click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan}, indent=2, default=str))
+        estimate = runner.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
+        click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate},
+                              indent=2, default=str))
         return
     run_dir = runner.prepare_out_dir(cfg, out, results)
     _execute(runner, prepared, run_dir)

@@ -145,6 +145,7 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
                     1 / len(data.train))
     hp = method_cls.Hparams(**config.hparams)
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
+    seed_everything(config.seed)  # methods build (and initialise) their networks here: same seed, same run
     method = method_cls(hp, info)
     planned = method.plan(budget)
     PrivacyLedger(budget, planned)  # refuses a plan over the target
@@ -249,6 +250,12 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         phase = "evaluate"
         result = evaluate(p, images, labels if p.method.conditional else None, p.data_root)
         result["protocol"]["timings"] = {**timings, **result["protocol"].get("timings", {})}
+        done_before = resume_state["ledger"] if resume_state else {}
+        steps = {part.name: part.steps - int(done_before.get(part.name, 0)) for part in report.parts}
+        result["protocol"]["throughput"] = {  # of this process's fit (a resumed run: of the steps after resuming)
+            "device": str(p.device), "private_steps": steps,
+            "private_steps_per_second": sum(steps.values()) / timings["fit"] if timings["fit"] > 0 else None,
+        }
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
         return {"privacy": report.to_json(), **result}
     except Interrupted:
@@ -259,6 +266,77 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
             "traceback": traceback.format_exc(),
         })
         raise
+
+
+class _ProbeDone(Exception):
+    """Raised inside ``fit`` by the probe's progress bars when the probe time is up."""
+
+
+class _ProbeBar:
+    """A progress bar that times its own updates (for the run-time estimate)."""
+
+    def __init__(self, probe: "_ProbeContext", total: int, desc: str):
+        self.probe, self.total, self.desc, self.n = probe, int(total), desc, 0
+        self.t_first: float | None = None  # time of the first update (set-up excluded)
+        self.t_last: float | None = None
+        self.n_first = 0
+        probe.bars.append(self)
+
+    def update(self, n: int = 1) -> None:
+        now = time.time()
+        if self.t_first is None:  # the first update may be a resume offset or one slow warm-up step
+            self.t_first, self.n_first = now, self.n + n
+        self.n += n
+        self.t_last = now
+        if now - self.probe.t0 >= self.probe.seconds and self.n - self.n_first >= 3:
+            raise _ProbeDone
+
+    def close(self) -> None:
+        return None
+
+    def set_postfix(self, *a, **k) -> None:
+        return None
+
+
+class _ProbeContext(_Context):
+    def __init__(self, device, seed, ledger, seconds: float):
+        super().__init__(device, seed, ledger, None)
+        self.seconds, self.t0, self.bars = seconds, time.time(), []
+
+    def progress(self, total: int, desc: str):
+        return _ProbeBar(self, total, desc)
+
+
+def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
+    """Time the first training steps of ``p``'s method for about ``seconds`` (on the run's
+    device, with the run's data, writing nothing) and extrapolate each progress phase the
+    method opened to its total. Phases the probe did not reach are not in the sum, which is
+    then a lower bound (``complete`` false). Evaluators are not included."""
+    ledger = PrivacyLedger(p.budget, p.planned)
+    ctx = _ProbeContext(p.device, p.config.seed, ledger, seconds)
+    seed_everything(p.config.seed)
+    t0 = time.time()
+    finished = False
+    try:
+        p.method.fit(p.data.train, p.budget, ctx)
+        finished = True
+    except _ProbeDone:
+        pass
+    wall = time.time() - t0
+    phases, total, setup = [], 0.0, 0.0
+    for b in ctx.bars:
+        steps = b.n - b.n_first
+        rate = (b.t_last - b.t_first) / steps if steps > 0 and b.t_first is not None else None
+        est = rate * b.total if rate is not None else None
+        phases.append({"phase": b.desc, "steps": b.total, "timed_steps": steps,
+                       "seconds_per_step": rate, "estimated_seconds": est})
+        total += est or 0.0
+    if ctx.bars and ctx.bars[0].t_first is not None:
+        setup = ctx.bars[0].t_first - t0  # data to device, network construction, the first step
+    return {"device": str(p.device), "probe_seconds": round(wall, 2), "setup_seconds": round(setup, 2),
+            "phases": phases, "estimated_fit_seconds": round(setup + total, 1), "complete": finished,
+            "note": "training only (evaluators excluded); extrapolated from the first steps of each phase "
+                    "reached; when complete is false, later phases are missing and the figure is a lower bound"}
 
 
 class _stop_on_signals:

@@ -4,8 +4,10 @@ or on Ray (one task per run, ``num_gpus=1`` where a GPU exists), then report.
 
 Each cell has a deterministic run directory ``sweep-<method>-<dataset>-eps<ε>-s<seed>-<hash>``
 (the hash covers the fully resolved config), so a re-run finds what is done: a complete
-record is skipped, an incomplete one (a crash) is moved aside to a hidden
-``.failed-…`` directory and run again. Records are never rewritten.
+record is skipped; an incomplete one (a crash, a kill) with a readable checkpoint is
+resumed from it (``bench run --resume``: the steps already spent stay spent), and one
+without is moved aside to a hidden ``.failed-…`` directory and run again. Records are
+never rewritten.
 """
 
 from __future__ import annotations
@@ -87,8 +89,23 @@ def status(cell: Cell, root: Path) -> str:
     return "partial" if d.exists() else "todo"
 
 
-def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, threads: int | None = None
-             ) -> dict[str, Any]:
+def _has_checkpoint(run_dir: Path) -> bool:
+    """A readable resume checkpoint of this cell's config (the directory name hashes it)."""
+    from . import runner
+    from .errors import UserError as _UserError
+
+    if not (run_dir / runner.RESUME_FILE).is_file() or not (run_dir / "config.json").is_file():
+        return False
+    try:
+        runner.load_resume(run_dir)
+    except _UserError as e:
+        log.warning("%s: %s; running the cell again", run_dir.name, e)
+        return False
+    return True
+
+
+def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, threads: int | None = None,
+             resume: bool = False) -> dict[str, Any]:
     """Run one cell (in this process, a worker process, or a Ray task). ``threads`` caps
     torch's threads in a worker: N processes × 2 OpenMP threads on 2 cores slow each
     other down ~10× (measured)."""
@@ -103,7 +120,7 @@ def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, thre
     cfg = RunConfig.from_json(config_json)
     t = time.time()
     prepared = runner.prepare(cfg, data_root)
-    result = runner.execute(prepared, Path(run_dir))
+    result = runner.execute(prepared, Path(run_dir), resume=resume)
     return {"run_dir": run_dir, "seconds": time.time() - t, "metrics": result["metrics"],
             "epsilon": result["privacy"]["epsilon"]}
 
@@ -119,19 +136,23 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
 def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,
               data_root: str | None = None) -> dict[str, int]:
     root.mkdir(parents=True, exist_ok=True)
-    todo = []
-    counts = {"done": 0, "partial": 0, "todo": 0, "failed": 0, "ran": 0}
+    todo, resumable = [], set()
+    counts = {"done": 0, "partial": 0, "todo": 0, "failed": 0, "ran": 0, "resumed": 0}
     for cell in cells:
         st = status(cell, root)
         counts[st] += 1
         if st == "done":
             continue
-        if st == "partial":  # keep the evidence, out of the report's sight
-            (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if st == "partial":
+            if _has_checkpoint(root / cell.run_name):
+                resumable.add(cell.run_name)
+            else:  # keep the evidence, out of the report's sight
+                (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         todo.append(cell)
-    log.info("sweep: %d cells, %d already complete, %d to run (%d after a failure)", len(cells), counts["done"],
-             len(todo), counts["partial"])
-    args = [(c, c.config.to_json(), str(root / c.run_name)) for c in todo]
+    counts["resumed"] = len(resumable)
+    log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint)",
+             len(cells), counts["done"], len(todo), counts["partial"], len(resumable))
+    args = [(c, c.config.to_json(), str(root / c.run_name), c.run_name in resumable) for c in todo]
 
     def finished(cell, out=None, err=None):
         if err is not None:
@@ -149,16 +170,16 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
 
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             threads = max(1, (os.cpu_count() or 1) // jobs)
-            futures = {pool.submit(run_cell, cfg, d, data_root, threads): cell for cell, cfg, d in args}
+            futures = {pool.submit(run_cell, cfg, d, data_root, threads, r): cell for cell, cfg, d, r in args}
             for fut in as_completed(futures):
                 try:
                     finished(futures[fut], fut.result())
                 except Exception as e:  # noqa: BLE001 - one failed cell must not stop the sweep
                     finished(futures[fut], err=e)
     else:
-        for cell, cfg, d in args:
+        for cell, cfg, d, r in args:
             try:
-                finished(cell, run_cell(cfg, d, data_root))
+                finished(cell, run_cell(cfg, d, data_root, None, r))
             except UserError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -176,7 +197,7 @@ def _run_ray(args, address, data_root, finished) -> None:
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     gpu = torch.cuda.is_available() or bool(ray.cluster_resources().get("GPU"))
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(run_cell)
-    refs = {remote.remote(cfg, d, data_root, None if gpu else 1): cell for cell, cfg, d in args}
+    refs = {remote.remote(cfg, d, data_root, None if gpu else 1, r): cell for cell, cfg, d, r in args}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)

@@ -135,6 +135,12 @@ class DPAC(GSWGAN):
         super().__init__(hparams, info)
         self.c_real_steps = 0
 
+    def _extra_state(self) -> dict:
+        return {"c_real_steps": self.c_real_steps}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self.c_real_steps = int(state["c_real_steps"])
+
     def _new_classifier(self, device) -> AuxiliaryClassifier:
         return AuxiliaryClassifier(self.info.image_shape, self.info.num_classes, self.hparams.c_width).to(device)
 

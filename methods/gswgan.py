@@ -375,7 +375,9 @@ class GSWGAN(Method):
 
         self.discriminators = [self._new_discriminator().to(dev) for _ in range(h.num_discriminators)]
         self._opt_d = [self._adam(D.parameters(), h.lr_d) for D in self.discriminators]
-        self._pretrain(subsets, ctx, data_gen)
+        gens = {"data": data_gen, "noise": noise_gen, "choice": choice_gen}
+        if not ctx.resume_state:
+            self._pretrain(subsets, ctx, data_gen)
 
         self.G.to(dev).train()
         if self.G_ema is not None:
@@ -385,11 +387,15 @@ class GSWGAN(Method):
                                  betas=(h.beta1 if h.beta1_g is None else h.beta1_g, h.beta2))
         sanitizer = GradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
                                       generator=noise_gen, scale=1.0 / h.batch_size)
+        start = 1
+        if ctx.resume_state:  # pretraining and the first t − 1 generator steps are in the checkpoint
+            start = self._restore(ctx.resume_state, opt_g, gens, dev) + 1
 
         bar = ctx.progress(total=part.steps, desc=f"{self.name} generator steps")
+        bar.update(start - 1)
         acc = {"d_loss": 0.0, "wasserstein": 0.0, "g_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
         seen = 0
-        for t in range(1, part.steps + 1):
+        for t in range(start, part.steps + 1):
             k = int(torch.randint(0, h.num_discriminators, (1,), generator=choice_gen, device=dev).item())
             D, opt_d = self.discriminators[k], self._opt_d[k]
             d_loss, w = self._critic_steps(D, opt_d, self.G, subsets[k], data_gen)
@@ -418,12 +424,48 @@ class GSWGAN(Method):
                 ctx.record(step=t, discriminator=k, **{key: v / seen for key, v in acc.items()}, **logs)
                 acc = dict.fromkeys(acc, 0.0)
                 seen = 0
+            if t < part.steps and ctx.checkpoint_due():
+                ctx.checkpoint(self._training_state(t, opt_g, gens, dev))
         bar.close()
         self.discriminators, self._opt_d = [], []  # never released
         self.G.cpu().eval()
         if self.G_ema is not None:
             self.G_ema.cpu().eval()
         return ctx.ledger.report()
+
+    def _training_state(self, t: int, opt_g, gens: dict, dev) -> dict:
+        """Everything a resumed run needs to continue after generator step ``t``: G (and
+        its EMA), every D_k and optimiser, the generators of randomness, counters."""
+        return {
+            "t": t, "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict() if self.G_ema is not None else None,
+            "opt_g": opt_g.state_dict(), "D": [D.state_dict() for D in self.discriminators],
+            "opt_d": [o.state_dict() for o in self._opt_d], "gens": {k: g.get_state() for k, g in gens.items()},
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None,
+            "extra": self._extra_state(),
+        }
+
+    def _restore(self, r: dict, opt_g, gens: dict, dev) -> int:
+        self.G.load_state_dict(r["G"])
+        if self.G_ema is not None:
+            self.G_ema.load_state_dict(r["G_ema"])
+        opt_g.load_state_dict(r["opt_g"])
+        for D, o, sd, so in zip(self.discriminators, self._opt_d, r["D"], r["opt_d"], strict=True):
+            D.load_state_dict(sd)
+            o.load_state_dict(so)
+        for k, g in gens.items():
+            g.set_state(r["gens"][k])
+        torch.set_rng_state(r["torch_rng"])
+        if r.get("cuda_rng") is not None and dev.type == "cuda":
+            torch.cuda.set_rng_state(r["cuda_rng"], dev)
+        self._load_extra_state(r["extra"])
+        return int(r["t"])
+
+    def _extra_state(self) -> dict:  # subclasses' counters
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        return None
 
     @torch.no_grad()
     def _update_ema(self, t: int) -> None:

@@ -218,9 +218,16 @@ class DPAF(Method):
         threads = torch.get_num_threads()
         if h.torch_threads is not None:  # tiny convolutions: extra threads cost more than they give
             torch.set_num_threads(h.torch_threads)
+        gens = {"data": data_gen, "noise": noise_gen, "gc": gc_gen}
+        r = ctx.resume_state
         try:
-            self._phase1(images, labels, parts["conv1"], ctx, data_gen, noise_gen, gc_gen, bar)
-            self._phase2(images, labels, parts["conv2"], parts["dpagg"], ctx, data_gen, noise_gen, gc_gen, bar)
+            if r is None or r["phase"] == 1:
+                self._phase1(images, labels, parts["conv1"], ctx, gens, bar, resume=r)
+                r = None
+            else:  # phase 1 finished before the checkpoint: conv1 comes from it
+                self.conv1.load_state_dict(r["conv1"])
+                bar.update(parts["conv1"].steps)
+            self._phase2(images, labels, parts["conv2"], parts["dpagg"], ctx, gens, bar, resume=r)
         finally:
             bar.close()
             torch.set_num_threads(threads)
@@ -230,8 +237,9 @@ class DPAF(Method):
 
     # phase 1: the classifier C (Algorithm 1 lines 2–6, §5.2.1)
 
-    def _phase1(self, images, labels, part: PrivacyPart, ctx, data_gen, noise_gen, gc_gen, bar) -> None:
+    def _phase1(self, images, labels, part: PrivacyPart, ctx, gens: dict, bar, resume: dict | None) -> None:
         h, dev = self.hparams, images.device
+        data_gen, noise_gen, gc_gen = gens["data"], gens["noise"], gens["gc"]
         self.conv1.requires_grad_(False)
         if part.steps == 0:  # ε1 = 0: conv1 stays random (Table 4's "random conv1")
             return
@@ -251,8 +259,15 @@ class DPAF(Method):
                                    max_grad_norm=h.max_grad_norm, expected_batch_size=h.batch_size,
                                    noise_generator=noise_gen)
         dp_params = [p for p in dp_module.parameters() if p.requires_grad]
-        loss_sum, seen = 0.0, 0
-        for t in range(1, part.steps + 1):
+        loss_sum, seen, start = 0.0, 0, 1
+        if resume is not None:
+            C.load_state_dict(resume["C"])
+            opt.load_state_dict(resume["opt"])
+            if other_opt is not None:
+                other_opt.load_state_dict(resume["other_opt"])
+            start = _restore_rng(resume, gens, dev) + 1
+            bar.update(start - 1)
+        for t in range(start, part.steps + 1):
             idx = poisson_batch(n_train, part.sample_rate, data_gen, dev)
             x, y = images[idx], labels[idx]
             dp_opt.zero_grad(set_to_none=True)
@@ -286,15 +301,20 @@ class DPAF(Method):
             if t % h.log_every == 0 or t == part.steps:
                 ctx.record(phase="classifier", step=t, mse=loss_sum / max(1, seen))
                 loss_sum, seen = 0.0, 0
+            if ctx.checkpoint_due():  # after the last step too: phase 2 has not begun
+                ctx.checkpoint({"phase": 1, "t": t, "C": C.state_dict(), "opt": opt.state_dict(),
+                                "other_opt": other_opt.state_dict() if other_opt is not None else None,
+                                **_rng_state(gens, dev)})
         gsm._close()
         self.conv1.load_state_dict(C.conv1.state_dict())  # conv1* ← conv1; C is discarded
         self.conv1.requires_grad_(False)
 
     # phase 2: the DPGAN (Algorithm 1 lines 7–17, §5.2.2)
 
-    def _phase2(self, images, labels, part2: PrivacyPart, part3: PrivacyPart, ctx, data_gen, noise_gen, gc_gen,
-                bar):
+    def _phase2(self, images, labels, part2: PrivacyPart, part3: PrivacyPart, ctx, gens: dict, bar,
+                resume: dict | None):
         h, dev = self.hparams, images.device
+        data_gen, noise_gen, gc_gen = gens["data"], gens["noise"], gens["gc"]
         n_train, B, mu = len(labels), h.batch_size, h.mu
         betas = (h.beta1, h.beta2)
         opt_head = torch.optim.Adam(self.head.parameters(), lr=h.lr_head, betas=betas)
@@ -308,7 +328,16 @@ class DPAF(Method):
         conv2_steps, g_steps = 0, 0
         stats = {"d_loss": 0.0, "g_loss": 0.0, "conv2_loss": 0.0, "n_d": 0, "n_g": 0, "n_c2": 0}
         targets = torch.tensor([1.0, 0.0], device=dev)
-        for i in range(1, part3.steps + 1):
+        start = 1
+        nets = {"conv1": self.conv1, "conv2": self.conv2, "head": self.head, "G": self.G}
+        opts = {"opt_head": opt_head, "opt_g": opt_g, "opt_c2": opt_c2}
+        if resume is not None:  # checkpoints fall on window boundaries (i ≡ 0 mod μ): no window to restore
+            for k, m in {**nets, **opts}.items():
+                m.load_state_dict(resume[k])
+            conv2_steps, g_steps = resume["conv2_steps"], resume["g_steps"]
+            start = _restore_rng(resume, gens, dev) + 1
+            bar.update(start - 1)
+        for i in range(start, part3.steps + 1):
             # L_BCE on D with DPAGG(ε3): real and fake aggregates, noise on both (line 8)
             idx = poisson_batch(n_train, part3.sample_rate, data_gen, dev)
             g_due = i % h.n_critic == 0
@@ -354,6 +383,10 @@ class DPAF(Method):
                            g_loss=stats["g_loss"] / max(1, stats["n_g"]) if stats["n_g"] else None,
                            conv2_loss=stats["conv2_loss"] / stats["n_c2"] if stats["n_c2"] else None)
                 stats = dict.fromkeys(stats, 0.0)
+            if i % mu == 0 and i < part3.steps and ctx.checkpoint_due():
+                ctx.checkpoint({"phase": 2, "t": i, "conv2_steps": conv2_steps, "g_steps": g_steps,
+                                **{k: m.state_dict() for k, m in {**nets, **opts}.items()},
+                                **_rng_state(gens, dev)})
         gsm2._close()
 
     def _conv2_step_sound(self, images, labels, window, part2, gsm2, dp_opt2, data_gen, gc_gen) -> float:
@@ -462,3 +495,18 @@ def _empty_grad_samples(params) -> None:
 
 
 __all__ = ["DPAF", "DPAFHparams"]
+
+
+def _rng_state(gens: dict, dev: torch.device) -> dict:
+    return {"gens": {k: g.get_state() for k, g in gens.items()}, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None}
+
+
+def _restore_rng(state: dict, gens: dict, dev: torch.device) -> int:
+    """Restore the generators of randomness saved by ``_rng_state``; the step it was saved at."""
+    for k, g in gens.items():
+        g.set_state(state["gens"][k])
+    torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and dev.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], dev)
+    return int(state["t"])

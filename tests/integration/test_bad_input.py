@@ -45,6 +45,15 @@ CASES = [
     (["sweep", "--method", "dpgan", "--eps", "1", "--jobs", "0"], "--jobs must be ≥ 1"),
     (["sweep", "--eps", "1"], "no method given"),
     (["run", "--resume", "no-such-run"], "not a run directory"),
+    (["run", "--method", "dpaf", "--eps", "1", "--set", "layer_config=C9-C1-x"], "layer_config"),
+    (["run", "--method", "dpaf", "--eps", "1", "--set", "budget_split=0.1,0.1"], "budget_split"),
+    (["run", "--method", "dpaf", "--eps", "0.1", "--set", "budget_split=0.1,x,0.1"], "budget_split"),
+    (["run", "--method", "gswgan", "--eps", "1", "--set", "num_discriminators=5000"], "num_discriminators"),
+    (["run", "--method", "dpgan", "--dataset", "mnist", "--eps", "1", "--preset", "paper", "--data-root", "half"],
+     "train-labels-idx1-ubyte"),
+    (["run", "--method", "dpgan", "--dataset", "celeba-gender-32", "--eps", "1", "--preset", "paper",
+      "--data-root", "half"], "list_attr_celeba.txt"),
+    (["report", "--results", "empty"], "no completed runs"),
 ]
 
 
@@ -56,6 +65,11 @@ def test_user_mistake_is_one_line_exit_2(cli_runner, results, args, message):
         pytest.skip("machine has CUDA")
     (results.parent / "bad.yaml").write_text("method: [unclosed\n")
     (results.parent / "keys.yaml").write_text("epsilonn: 1\n")
+    half = results.parent / "half"  # a data root with half of MNIST's files and a CelebA folder without labels
+    (half / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)
+    (half / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"")
+    (half / "celeba" / "img_align_celeba").mkdir(parents=True, exist_ok=True)
+    (results.parent / "empty").mkdir(exist_ok=True)
     extra = ["--preset", "tiny"] if args[0] == "run" and "--preset" not in args and "--resume" not in args else []
     res = cli_runner.invoke(cli, args + extra)
     assert res.exit_code == 2, (res.output, res.stderr, res.exception)

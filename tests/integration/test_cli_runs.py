@@ -129,10 +129,25 @@ def test_list(cli_runner):
 
 
 def test_dry_run_prints_plan_without_writing(cli_runner, results):
-    res = _run(cli_runner, "run", "--method", "dpgan", "--eps", "1", "--dry-run")
-    plan = json.loads(res.output)
+    res = _run(cli_runner, "run", "--method", "dpgan", "--eps", "1", "--dry-run", "--probe-seconds", "2")
+    plan = json.loads(res.stdout)
     assert plan["privacy_plan"]["epsilon"]["rdp"] <= 1.0
-    assert plan["config"]["hparams"]["steps"] == 1500 or plan["config"]["hparams"]["steps"] > 0
+    steps = plan["privacy_plan"]["parts"][0]["steps"]
+    assert steps > 0
+    est = plan["runtime_estimate"]
+    (phase,) = est["phases"]
+    assert phase["steps"] == steps and phase["timed_steps"] >= 3 and est["complete"] is False
+    assert est["estimated_fit_seconds"] >= phase["seconds_per_step"] * steps > 0
+    assert est["device"] == "cpu" and 2 <= est["probe_seconds"] < 60
+    assert not results.exists()
+
+
+def test_dry_run_estimate_of_a_run_shorter_than_the_probe(cli_runner, results):
+    res = _run(cli_runner, "run", "--method", "dpgan", "--eps", "1", "--preset", "tiny", "--dry-run",
+               "--probe-seconds", "600")
+    est = json.loads(res.stdout)["runtime_estimate"]
+    assert est["complete"] is True and est["probe_seconds"] < 600
+    assert abs(est["estimated_fit_seconds"] - est["probe_seconds"]) < max(2.0, 0.5 * est["probe_seconds"])
     assert not results.exists()
 
 

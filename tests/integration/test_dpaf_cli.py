@@ -74,7 +74,7 @@ def test_privacy_command_prints_the_three_part_plan(cli_runner, results):
 def test_layer_config_and_split_are_settable_from_the_cli(cli_runner, results):
     res = cli_runner.invoke(cli, ["run", "--method", "dpaf", "--dataset", "digits", "--eps", "2", "--preset", "tiny",
                                   "--set", "layer_config=C2-C2-C1", "--set", "image_size=32", "--set",
-                                  "budget_split=20%,60%,20%", "--dry-run"])
+                                  "budget_split=20%,60%,20%", "--dry-run", "--probe-seconds", "0"])
     assert res.exit_code == 0, (res.output, res.stderr)
     plan = json.loads(res.output)
     assert plan["config"]["hparams"]["layer_config"] == "C2-C2-C1"
@@ -82,5 +82,5 @@ def test_layer_config_and_split_are_settable_from_the_cli(cli_runner, results):
     assert eps_alone[0] <= 0.4 and eps_alone[1] <= 1.2 and eps_alone[2] <= 0.4
     assert plan["privacy_plan"]["epsilon"]["rdp"] <= 2.0
     bad = cli_runner.invoke(cli, ["run", "--method", "dpaf", "--dataset", "digits", "--eps", "1", "--preset", "tiny",
-                                  "--set", "layer_config=C3-C1-×", "--dry-run"])
+                                  "--set", "layer_config=C3-C1-×", "--dry-run", "--probe-seconds", "0"])
     assert bad.exit_code == 2 and "image_size" in bad.stderr  # too deep for 16×16 without resizing

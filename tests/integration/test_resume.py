@@ -92,3 +92,24 @@ def test_resume_refuses_a_different_config(tmp_path, cli_runner):
     assert res.exit_code == 2 and "cannot read the checkpoint" in res.stderr
     res = cli_runner.invoke(cli, ["run", "--resume", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "not a run directory" in res.stderr
+
+
+def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path, cli_runner):
+    from dpgen_bench.cli import build_config
+    from dpgen_bench.sweep import expand
+
+    root = tmp_path / "runs"
+    grid = {"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": 400}}
+    (cell,) = expand(grid, build_config)
+    out = root / cell.run_name
+    proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})  # the same config as the cell (ARGS)
+    _wait_for_checkpoint(out, proc, min_steps=40)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan", "--eps", "2", "--seeds", "3", "--preset", "tiny",
+                                  "--set", "steps=400", "--results", str(root), "--no-report"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "1 interrupted: 1 resumed from a checkpoint" in res.stderr
+    assert "resuming" in res.stderr
+    assert _privacy(out)["parts"][0]["steps"] == 400
+    assert not any(p.name.startswith(".failed-") for p in root.iterdir())

@@ -31,7 +31,7 @@ def test_sweep_runs_only_missing_cells(cli_runner, results, tmp_path):
     res = cli_runner.invoke(cli, args)
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert "1 already complete, 2 to run" not in res.stderr
-    assert "2 cells, 1 already complete, 1 to run (1 after a failure)" in res.stderr
+    assert "2 cells, 1 already complete, 1 to run (1 interrupted: 0 resumed from a checkpoint)" in res.stderr
     assert (done / "eval.json").stat().st_mtime_ns == stamp  # never rewritten
     assert (crashed / "eval.json").is_file()
     assert any(p.name.startswith(".failed-") for p in results.iterdir())

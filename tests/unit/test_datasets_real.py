@@ -18,6 +18,7 @@ from PIL import Image
 from dpgen_bench import registry
 from dpgen_bench.data import celeba, ffhq, files, load_dataset, mnist
 from dpgen_bench.errors import UserError
+from fake_data import write_idx
 
 REGISTRY_LINES = {
     "mnist": "dpgen_bench.data.mnist:load_mnist",
@@ -66,18 +67,6 @@ class OpenCounter:
 
 
 # ------------------------------------------------------------------------- fakes
-
-
-def write_idx(path: Path, arr: np.ndarray, gz: bool = False) -> None:
-    arr = np.ascontiguousarray(arr, dtype=np.uint8)
-    magic = 0x0800 | arr.ndim
-    data = struct.pack(">I", magic) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if gz:
-        with gzip.open(f"{path}.gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
 
 
 def make_mnist(root: Path, folder: str = "MNIST", n_train: int = 30, n_test: int = 12, gz: bool = False,
