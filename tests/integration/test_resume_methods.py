@@ -43,14 +43,9 @@ def _ledger(ckpt: Path) -> dict:
         return {}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner):
-    method, sets, part, min_steps = CASES[case]
-    ref = tmp_path / "uninterrupted"
-    res = cli_runner.invoke(cli, _args(method, sets) + ["--out", str(ref)])
-    assert res.exit_code == 0, (res.stderr, res.exception)
-
-    out = tmp_path / "killed"
+def _spawn_until(out: Path, method: str, sets: list[str], part: str, min_steps: int) -> subprocess.Popen:
+    """Start the run in a subprocess (checkpoint at every chance) and return once its
+    checkpoint has ``min_steps`` of ``part`` spent."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0"}
     code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
     proc = subprocess.Popen([sys.executable, "-c", code, *_args(method, sets), "--out", str(out)], env=env,
@@ -60,6 +55,28 @@ def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner):
         assert proc.poll() is None, proc.communicate()[1]
         assert time.time() - t < 240, "no checkpoint appeared"
         time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def one_thread():
+    """The killed subprocess runs on one thread; so must the in-process runs compared with
+    it, or reductions split differently across threads and the samples drift apart."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner, one_thread):
+    method, sets, part, min_steps = CASES[case]
+    ref = tmp_path / "uninterrupted"
+    res = cli_runner.invoke(cli, _args(method, sets) + ["--out", str(ref)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+
+    out = tmp_path / "killed"
+    proc = _spawn_until(out, method, sets, part, min_steps)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "privacy.json").exists(), "the run finished before it was killed: raise its steps"
@@ -80,16 +97,7 @@ def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner):
 
 def test_sigint_during_dpaf_phase2_checkpoints_and_resumes(tmp_path, cli_runner):
     out = tmp_path / "int"
-    method, sets, part, min_steps = CASES["dpaf-phase2"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0"}
-    code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
-    proc = subprocess.Popen([sys.executable, "-c", code, *_args(method, sets), "--out", str(out)], env=env,
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    t = time.time()
-    while _ledger(out / "resume.pt").get(part, 0) < min_steps:
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.time() - t < 240
-        time.sleep(0.05)
+    proc = _spawn_until(out, *CASES["dpaf-phase2"])
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpgen_bench.api import Budget, DataInfo, PrivacyPart, RunContext
+from fake_context import FakeContext
+
+from dpgen_bench.api import Budget, DataInfo, PrivacyPart
 from dpgen_bench.errors import UserError
 from dpgen_bench.privacy import compose_rdp
 from dpgen_bench.privacy.dpsgd import make_private
@@ -141,27 +143,6 @@ class _RecordingLedger(PrivacyLedger):
         self.events.append((name, snap))
 
 
-class _Ctx(RunContext):
-    def __init__(self, ledger, seed=0):
-        self.device = torch.device("cpu")
-        self.seed = seed
-        self.ledger = ledger
-        self.records = []
-
-    def progress(self, total, desc):
-        class Bar:
-            def update(self, n=1):
-                pass
-
-            def close(self):
-                pass
-
-        return Bar()
-
-    def record(self, **values):
-        self.records.append(values)
-
-
 def _data(n=200, seed=0):
     from dpgen_bench.data.digits import load_digits_data
 
@@ -174,7 +155,7 @@ def _fit(eps=1.0, info=DIGITS, recording=False, **over):
     budget = Budget(eps)
     plan = m.plan(budget)
     ledger = _RecordingLedger(budget, plan, m) if recording else PrivacyLedger(budget, plan)
-    ctx = _Ctx(ledger)
+    ctx = FakeContext(ledger)
     m.fit(_data(), budget, ctx)
     return m, ctx
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fake_context import FakeContext
+
 from dpgen_bench.api import Budget, DataInfo, PrivacyPart, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
@@ -166,25 +168,6 @@ def test_nothing_bypasses_the_sanitiser_in_the_dpac_generator_loss():
 # ------------------------------------------------------------------------- training
 
 
-class _Bar:
-    def update(self, n=1):
-        pass
-
-    def close(self):
-        pass
-
-
-class _Ctx:
-    def __init__(self, ledger, seed=0):
-        self.device, self.seed, self.ledger, self.records = torch.device("cpu"), seed, ledger, []
-
-    def progress(self, total, desc):
-        return _Bar()
-
-    def record(self, **values):
-        self.records.append(values)
-
-
 def test_partition_is_disjoint_and_covers_every_record():
     m = GSWGAN(GSWGANHparams(num_discriminators=7), INFO)
     parts = m._partition(700, seed=3)
@@ -219,7 +202,7 @@ def test_dpac_fit_uses_only_the_chosen_subset_and_spends_once_per_generator_step
     monkeypatch.setattr(m, "_real_batch", spy_real)
     monkeypatch.setattr(m, "_generator_loss", spy_gen)
     train = Split(torch.rand(60, *SHAPE) * 2 - 1, torch.randint(0, 10, (60,)))
-    ctx = _Ctx(ledger)
+    ctx = FakeContext(ledger)
     report = m.fit(train, budget, ctx)
 
     # pretraining: each of the 3 discriminators on its own subset (1 iteration × n_d batch)
