@@ -24,7 +24,7 @@ demo: install
 	$(BIN)/bench report --results results/demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-all: install
 	$(BIN)/python -m pytest -q -m "slow or not slow"
