@@ -275,7 +275,11 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
         click.echo(f"| {p.name} | {p.mechanism} | {p.noise_multiplier:.4f} | {p.sample_rate:.5f} | {p.steps} | "
                    f"{p.epsilon:.4f} |")
     click.echo(f"composed epsilon: {rep.epsilon_rdp:.4f} (RDP, compared with the target), "
-               f"{rep.epsilon_prv:.4f} (PRV upper bound)")
+               f"{_fmt_prv(rep.epsilon_prv)} (PRV upper bound)")
+
+
+def _fmt_prv(x: float) -> str:
+    return "n/a (accountant failed)" if math.isnan(x) else f"{x:.4f}"
 
 
 # ------------------------------------------------------------------------ list

@@ -60,6 +60,8 @@ def higher_is_better(metric: str) -> bool | None:
 
 
 def fmt_eps(x: float) -> str:
+    if math.isnan(x):
+        return "n/a"  # e.g. PRV where the accountant could not compute it
     return "∞" if not math.isfinite(x) else f"{x:.3g}"
 
 

@@ -49,6 +49,25 @@ def test_prv_is_tighter_than_rdp_on_a_known_config():
     assert prv < rdp
 
 
+def test_prv_error_scales_with_small_epsilon():
+    # dpaf's MNIST plan at ε = 0.2 (10/40/50 % split): 42.5K steps would get an absolute
+    # eps_error of 0.05, and the PRV "upper bound" came out at 0.155, above RDP's 0.123.
+    parts = [PrivacyPart("conv1", 8.4375, 0.0004, 20_000), PrivacyPart("conv2", 6.875, 0.0032, 2500),
+             PrivacyPart("dpagg", 2.51953125, 0.0004, 20_000)]
+    rdp, prv = compose_rdp(parts, 1e-5), compose_prv(parts, 1e-5)
+    assert rdp == pytest.approx(0.1235, abs=1e-3)
+    assert 0.1045 < prv <= rdp  # estimate 0.1045 (eps_error 0.001 agrees) + at most 0.1·RDP
+
+
+def test_prv_failure_is_nan_not_a_crash(caplog):
+    # prv-accountant raises "Discrete mean differs ..." for σ = 0.5 at q = 0.13 (dpaf's
+    # conv2* at ε = 50 on digits); the run must still be recorded on its RDP ε.
+    parts = [PrivacyPart("conv2", 0.5023193359375, 0.1336116910229645, 125)]
+    assert math.isnan(compose_prv(parts, 1e-5))
+    assert "PRV accountant failed" in caplog.text
+    assert math.isfinite(compose_rdp(parts, 1e-5))
+
+
 def test_steps_for_budget_is_the_largest_admissible():
     t = steps_for_budget(target_epsilon=2.0, target_delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
     eps = lambda n: compose_rdp([PrivacyPart("d", 1.5, Q, n)], 1e-5)  # noqa: E731

@@ -4,6 +4,7 @@ preset × ε × δ, the calibrated plan's composed ε (RDP) is ≤ the target an
 runs it at ε ∈ {1, 10}, δ = 1e-5."""
 
 import itertools
+import math
 
 import pytest
 
@@ -48,10 +49,10 @@ def cases():
 CASES = cases()
 
 
-def check(method, preset, dataset, eps, delta, prv_max_steps=None):
+def check(method, preset, dataset, eps, delta, prv_max_steps=None, overrides=None):
     cls = registry.methods.get(method)
     n, shape, k = DATASETS[dataset]
-    hp, _ = resolve_hparams(cls, preset, dataset, {})
+    hp, _ = resolve_hparams(cls, preset, dataset, dict(overrides or {}))
     try:
         m = cls(hp, DataInfo(dataset, shape, k, n))
     except ValueError as e:  # an architecture that does not support this size
@@ -59,14 +60,15 @@ def check(method, preset, dataset, eps, delta, prv_max_steps=None):
     try:
         parts = m.plan(Budget(eps, delta))
     except UserError as e:  # e.g. a fixed noise that allows no step at this ε: refused, never overspent
-        assert "allows no step" in str(e) or "too low" in str(e), e
+        # (dpaf's absolute default split (0.1, ×, 0.1) leaves nothing for conv2* at ε = 0.2)
+        assert any(s in str(e) for s in ("allows no step", "too low", "leaves nothing")), e
         return
     assert parts and all(p.steps > 0 and p.noise_multiplier > 0 and 0 < p.sample_rate <= 1 for p in parts)
     rdp = compose_rdp(parts, delta)
     assert rdp <= eps, (method, preset, dataset, eps, delta, rdp)
     if prv_max_steps is None or sum(p.steps for p in parts) <= prv_max_steps:
-        prv = compose_prv(parts, delta)
-        assert prv <= rdp + 0.05 * eps + 0.02, (prv, rdp)
+        prv = compose_prv(parts, delta)  # NaN only where prv-accountant fails (large ε, low σ)
+        assert prv <= rdp + 0.05 * eps + 0.02 or (math.isnan(prv) and eps >= 10), (prv, rdp)
 
 
 @pytest.mark.parametrize("method,preset,dataset", CASES, ids=["-".join(c) for c in CASES])
@@ -80,6 +82,15 @@ def test_calibrated_plan_within_target(method, preset, dataset, eps):
 def test_calibrated_plan_within_target_full_grid(method, preset, dataset):
     for eps, delta in itertools.product(EPS_ALL, DELTA_ALL):
         check(method, preset, dataset, eps, delta)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,dataset", [c[1:] for c in CASES if c[0] == "dpaf"])
+def test_dpaf_percentage_split_full_grid(preset, dataset):
+    """The percentage split scales with ε, so small ε (refused by the absolute default) is
+    planned and checked too."""
+    for eps, delta in itertools.product(EPS_ALL, DELTA_ALL):
+        check("dpaf", preset, dataset, eps, delta, overrides={"budget_split": "10%,40%,50%"})
 
 
 def test_every_private_method_is_covered():
