@@ -226,7 +226,7 @@ def _execute(runner, prepared, run_dir, resume: bool = False) -> None:
         click.echo(f"interrupted: checkpoint written; resume with: bench run --resume {run_dir}", err=True)
         sys.exit(130)
     priv = result["privacy"]
-    from .report.table import fmt_eps as _fmt_eps
+    from .privacy import fmt_eps as _fmt_eps
 
     lines = [f"run_dir: {run_dir}",
              f"epsilon: target {_fmt_eps(priv['target']['epsilon'])}, spent {_fmt_eps(float(priv['epsilon']['rdp']))} "
@@ -259,6 +259,7 @@ def eval_(run_dir, evaluators, data_root):
 def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root):
     """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
     from . import runner
+    from .privacy import fmt_eps
     from .privacy.ledger import planned_report
 
     cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed)
@@ -275,11 +276,7 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
         click.echo(f"| {p.name} | {p.mechanism} | {p.noise_multiplier:.4f} | {p.sample_rate:.5f} | {p.steps} | "
                    f"{p.epsilon:.4f} |")
     click.echo(f"composed epsilon: {rep.epsilon_rdp:.4f} (RDP, compared with the target), "
-               f"{_fmt_prv(rep.epsilon_prv)} (PRV upper bound)")
-
-
-def _fmt_prv(x: float) -> str:
-    return "n/a (accountant failed)" if math.isnan(x) else f"{x:.4f}"
+               f"{fmt_eps(rep.epsilon_prv, '.4f')} (PRV upper bound)")
 
 
 # ------------------------------------------------------------------------ list

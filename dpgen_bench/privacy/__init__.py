@@ -5,6 +5,7 @@ from .accounting import (
     calibrate_noise,
     compose_prv,
     compose_rdp,
+    fmt_eps,
     part_epsilon,
     steps_for_budget,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "calibrate_noise",
     "compose_prv",
     "compose_rdp",
+    "fmt_eps",
     "part_epsilon",
     "steps_for_budget",
     "PrivacyLedger",

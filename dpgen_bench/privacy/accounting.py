@@ -45,6 +45,14 @@ def part_epsilon(part: PrivacyPart, delta: float) -> float:
     return compose_rdp([part], delta)
 
 
+def fmt_eps(x: float, spec: str = ".3g") -> str:
+    """An ε for tables and summaries: ∞ when non-private, "n/a" when not computable (PRV
+    where prv-accountant fails, see ``compose_prv``)."""
+    if math.isnan(x):
+        return "n/a"
+    return "∞" if not math.isfinite(x) else format(x, spec)
+
+
 def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | None = None) -> float:
     """Upper bound on ε from the PRV accountant, all parts composed; NaN where the
     accountant cannot compute one.

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .. import registry, store
+from ..privacy import fmt_eps
 
 ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv"]
 MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (attack unstated)
@@ -57,12 +58,6 @@ def higher_is_better(metric: str) -> bool | None:
         return bool(registry.evaluators.attribute(name, "higher_is_better"))
     except Exception:  # noqa: BLE001 - an evaluator that fails to import has no direction
         return None
-
-
-def fmt_eps(x: float) -> str:
-    if math.isnan(x):
-        return "n/a"  # e.g. PRV where the accountant could not compute it
-    return "∞" if not math.isfinite(x) else f"{x:.3g}"
 
 
 # ------------------------------------------------------------------ aggregation

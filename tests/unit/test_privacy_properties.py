@@ -52,7 +52,7 @@ CASES = cases()
 def check(method, preset, dataset, eps, delta, prv_max_steps=None, overrides=None):
     cls = registry.methods.get(method)
     n, shape, k = DATASETS[dataset]
-    hp, _ = resolve_hparams(cls, preset, dataset, dict(overrides or {}))
+    hp, _ = resolve_hparams(cls, preset, dataset, overrides or {})
     try:
         m = cls(hp, DataInfo(dataset, shape, k, n))
     except ValueError as e:  # an architecture that does not support this size
