@@ -37,7 +37,13 @@ class Split:
         return len(self.labels)
 
     def subset(self, indices: np.ndarray | Tensor) -> "Split":
-        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
+        """Rows ``indices`` (numpy or a tensor on any device; never via numpy, which cannot
+        read a CUDA tensor), gathered on the split's own device."""
+        dev = self.labels.device
+        if isinstance(indices, Tensor):
+            idx = indices.to(device=dev, dtype=torch.long)
+        else:
+            idx = torch.as_tensor(np.asarray(indices), dtype=torch.long, device=dev)
         return Split(self.images[idx], self.labels[idx])
 
     def to(self, device: torch.device | str) -> "Split":

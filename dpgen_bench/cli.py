@@ -3,6 +3,7 @@ is one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -195,6 +196,8 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
             if diff:
                 raise UserError(f"--resume {resume_dir}: the given settings differ from the run's config in "
                                 f"{', '.join(diff)}")
+        if device:  # the one setting a resume may change (the checkpoint's device type must match)
+            cfg = dataclasses.replace(cfg, device=device)
         prepared = runner.prepare(cfg, data_root)
         _execute(runner, prepared, Path(resume_dir), resume=True)
         return

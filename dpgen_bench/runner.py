@@ -33,9 +33,15 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available on this machine (use --device auto or cpu)")
     try:
-        return torch.device(name)
+        dev = torch.device(name)
     except RuntimeError:
         raise UserError(f"--device: unknown device '{name}' (auto, cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: only cpu and cuda are supported (auto, cpu, cuda, cuda:N)")
+    return dev
 
 
 def seed_everything(seed: int) -> None:
@@ -72,7 +78,8 @@ class _Context(RunContext):
         if self.run_dir is None:
             return
         with store.atomic_open(self.run_dir / RESUME_FILE) as f:
-            torch.save({"method": state, "ledger": dict(self.ledger.taken), "time": time.time()}, f)
+            torch.save({"method": state, "ledger": dict(self.ledger.taken), "time": time.time(),
+                        "device": self.device.type}, f)
         self._last_checkpoint = time.time()
         if self.stop_requested is not None:
             from .errors import Interrupted
@@ -206,6 +213,12 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     cfg = p.config
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_state = load_resume(run_dir) if resume else None
+    if resume_state and resume_state.get("device", "cpu") != p.device.type:
+        # random-generator states (and float reductions) are device-specific: a resumed run
+        # would be neither bit-exact nor loadable, so refuse instead of crashing in set_state
+        raise UserError(f"--resume {run_dir}: the run was checkpointed on {resume_state.get('device', 'cpu')}, "
+                        f"this process would continue on {p.device.type}; resume with --device "
+                        f"{resume_state.get('device', 'cpu')}")
     if not resume:
         store.write_json(run_dir / "config.json", {"run_id": run_dir.name, **cfg.to_json()})
         store.write_json(run_dir / "env.json", store.environment(str(p.device)))
@@ -283,6 +296,8 @@ class _ProbeBar:
         probe.bars.append(self)
 
     def update(self, n: int = 1) -> None:
+        if self.probe.device.type == "cuda":  # count the queued kernels, not just their launch
+            torch.cuda.synchronize(self.probe.device)
         now = time.time()
         if self.t_first is None:  # the first update may be a resume offset or one slow warm-up step
             self.t_first, self.n_first = now, self.n + n

@@ -124,7 +124,9 @@ def environment(device: str) -> dict[str, Any]:
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
-        dev["gpu"] = torch.cuda.get_device_name(0)
+        dev["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        dev["cuda"] = torch.version.cuda
+        dev["cudnn"] = torch.backends.cudnn.version()
     dev["torch_threads"] = torch.get_num_threads()
     return {
         "python": sys.version.split()[0],

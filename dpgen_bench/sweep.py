@@ -125,6 +125,28 @@ def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, thre
             "epsilon": result["privacy"]["epsilon"]}
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices a local sweep may spread its workers over (respecting an existing
+    ``CUDA_VISIBLE_DEVICES``); empty without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _pin_worker_gpu(counter, gpus: list[str]) -> None:
+    """Worker initializer: worker k sees only GPU k mod len(gpus), as its ``cuda`` (set
+    before the worker touches CUDA), so ``--device auto`` cells spread over the GPUs."""
+    with counter.get_lock():
+        k = counter.value
+        counter.value += 1
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
+
+
 def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
     c = cell.config
     eps = "∞" if not math.isfinite(c.epsilon) else f"{c.epsilon:g}"
@@ -168,7 +190,14 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        ctx = mp.get_context("spawn")
+        # spread workers over the GPUs, unless a cell names its own (cuda:N)
+        gpus = visible_gpus() if all(c.config.device in ("auto", "cuda") for c in todo) else []
+        if gpus and jobs > len(gpus):
+            log.warning("sweep: %d jobs share %d GPU(s); each holds its own CUDA context and models "
+                        "(lower --jobs if they run out of GPU memory)", jobs, len(gpus))
+        init = dict(initializer=_pin_worker_gpu, initargs=(ctx.Value("i", 0), gpus)) if gpus else {}
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, **init) as pool:
             threads = max(1, (os.cpu_count() or 1) // jobs)
             futures = {pool.submit(run_cell, cfg, d, data_root, threads, r): cell for cell, cfg, d, r in args}
             for fut in as_completed(futures):

@@ -182,7 +182,7 @@ def reference_generator(run: EvalInput) -> Method:
     model = GAN(hp, info)
     if path.is_file():
         try:
-            model.load_state_dict(torch.load(path, weights_only=True))
+            model.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
             return model
         except Exception:  # noqa: BLE001 - a corrupt cache is rebuilt
             log.warning("rebuilding corrupt MIA reference cache %s", path)

@@ -52,9 +52,12 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
 
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed: int, epochs: int = 10,
-                     batch_size: int = 64, lr: float = 1e-3, holdout: float = 0.1) -> tuple[nn.Module, dict]:
-    """Train with Adam; keep the epoch with the best accuracy on a held-out slice of the
-    training data itself."""
+                     batch_size: int = 64, lr: float = 1e-3, holdout: float = 0.1,
+                     device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
+    """Train with Adam on ``device`` (the run's: the data moves there once); keep the epoch
+    with the best accuracy on a held-out slice of the training data itself. The batch order
+    comes from a CPU generator, so it is the same on every device."""
+    model, x, y = model.to(device), x.to(device), y.to(device)
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(x), generator=g)
     n_hold = max(1, int(len(x) * holdout))
@@ -118,9 +121,12 @@ class _Transfer(Evaluator):
             (x_tr, y_tr), (x_te, y_te) = (data.train.images.cpu(), data.train.labels.cpu()), (gen_x[:n], gen_y[:n])
             where = {"train_on": f"real train ({len(data.train)})", "test_on": f"synthetic ({n})"}
         if self.classifier == "cnn":
-            model, proto = train_classifier(CNN(data.image_shape, data.num_classes), x_tr, y_tr, seed=run.seed)
-            acc = accuracy(model, x_te, y_te)
+            dev = torch.device(run.device)
+            model, proto = train_classifier(CNN(data.image_shape, data.num_classes), x_tr, y_tr, seed=run.seed,
+                                            device=dev)
+            acc = accuracy(model, x_te.to(dev), y_te.to(dev))
             proto["classifier"] = "cnn (Private GANs acc.py)"
+            proto["device"] = str(dev)
         else:
             acc, proto = mlp_accuracy(x_tr, y_tr, x_te, y_te, seed=run.seed)
         return {"metrics": {self.name: acc}, "protocol": {**proto, **where}}

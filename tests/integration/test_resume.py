@@ -87,6 +87,13 @@ def test_resume_refuses_a_different_config(tmp_path, cli_runner):
     proc.wait()
     res = cli_runner.invoke(cli, ["run", "--resume", str(out), "--eps", "5"])
     assert res.exit_code == 2 and "differ from the run's config in epsilon" in res.stderr
+    import torch
+
+    state = torch.load(out / "resume.pt", weights_only=True)
+    assert state["device"] == "cpu"
+    torch.save({**state, "device": "cuda"}, out / "resume.pt")  # as if checkpointed on a GPU machine
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out), "--device", "cpu"])
+    assert res.exit_code == 2 and "checkpointed on cuda" in res.stderr and "--device cuda" in res.stderr
     (out / "resume.pt").write_bytes(b"truncated")
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
     assert res.exit_code == 2 and "cannot read the checkpoint" in res.stderr
