@@ -353,7 +353,8 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
     return {"device": str(p.device), "probe_seconds": round(wall, 2), "setup_seconds": round(setup, 2),
             "phases": phases, "estimated_fit_seconds": math.ceil((setup + total) * 10) / 10, "complete": finished,
             "note": "training only (evaluators excluded); extrapolated from the first steps of each phase "
-                    "reached; when complete is false, later phases are missing and the figure is a lower bound"}
+                    "reached; complete is false when the probe stopped before training ended: phases the method "
+                    "opens later (if it has any) are missing and the figure is a lower bound"}
 
 
 class _stop_on_signals:

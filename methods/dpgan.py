@@ -27,8 +27,8 @@ Departures from the paper:
 - The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
   uniform over classes, as in their code.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
-  grace 40), and raise both learning rates to 1e-3 (tuned on digits), so a run finishes
-  in about a minute; ``paper`` presets use the paper's.
+  grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
+  about 100 s on 2 cores; ``paper`` presets use the paper's.
 """
 
 from __future__ import annotations
@@ -141,10 +141,13 @@ class DPGAN(Method):
     Hparams = DPGANHparams
     presets = {
         "quick": {
-            # CPU, digits 16×16: about a minute on 2 cores (see benchmarks/README.md). Tuned on
-            # digits at ε=10 (gen2real CNN): n_D=1 with Adam 1e-3 beat n_D ∈ {2, 5, adaptive}
-            # and lr 2e-4 at this short horizon (T=1500, σ≈1.2): low noise → small optimal n_D,
-            # as the paper's App. D.3 finds.
+            # CPU, digits 16×16: ~70 ms per step, ~100 s of training on 2 cores (measured
+            # 2026-11-23; benchmarks/README.md). Tuned on digits at ε=10 (gen2real CNN): n_D=1
+            # with Adam 1e-3 beat n_D ∈ {2, 5, adaptive} and lr 2e-4 at this short horizon
+            # (T=1500, σ≈1.2): low noise → small optimal n_D, as the paper's App. D.3 finds.
+            # Cheaper settings cost accuracy (seeds 0/1, one thread): B=32 is ~1.5× faster per
+            # step but gives 0.63/0.51 (B=64: 0.73/0.57); B=32 with T=1000 0.43/0.45; B=64
+            # with T=750 0.36/0.40; B=40, or B=32 with T=1800 or lr 2e-3, gave 0.52-0.62.
             "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },

@@ -1,14 +1,23 @@
-"""Runs the README's tour, so the README cannot drift from the code."""
+"""Runs the README's tour, so the README cannot drift from the code.
 
+The tour's training commands are the suite's longest tests (about 100 s each on two
+cores). They are independent, so they start together as subprocesses, one thread each,
+when the module starts; each test then checks its own command's outcome. ``bench report``
+reads the tour's own runs, as a reader following the README would."""
+
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dpgen_bench.cli import cli
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def tour_commands():
@@ -16,6 +25,40 @@ def tour_commands():
     section = text.split("## A short tour", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [line for line in block.splitlines() if line.startswith("bench ")]
+
+
+def _expectation(command: str) -> tuple[list[str], int, str | None]:
+    """(arguments after ``bench``, expected exit code, expected stderr line)."""
+    expected, message = 0, None
+    if "# -> exit" in command:
+        tail = command.split("# -> exit", 1)[1]
+        expected, message = int(tail.split(":")[0]), tail.split(":", 1)[1].strip()
+    return shlex.split(command.split("#")[0])[1:], expected, message
+
+
+def _is_training(command: str) -> bool:
+    args, expected, _ = _expectation(command)
+    return args[0] == "run" and expected == 0
+
+
+@pytest.fixture(scope="module")
+def tour(tmp_path_factory):
+    """Start every training command of the tour at once; yield (results root, {command:
+    process}). Each process runs on one thread (two concurrent runs on two cores)."""
+    home = tmp_path_factory.mktemp("tour")
+    env = {**os.environ, "DPGEN_RESULTS": str(home / "runs"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    code = "import sys, torch; torch.set_num_threads(1); from dpgen_bench.cli import cli; cli(sys.argv[1:])"
+    procs = {}
+    for command in filter(_is_training, tour_commands()):
+        args, _, _ = _expectation(command)
+        procs[command] = subprocess.Popen([sys.executable, "-c", code, *args], cwd=home, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    yield home / "runs", procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
 
 
 def test_readme_starts_with_the_two_setup_commands():
@@ -26,21 +69,37 @@ def test_readme_starts_with_the_two_setup_commands():
 def test_tour_is_not_empty():
     cmds = tour_commands()
     assert any("--n-d adaptive" in c for c in cmds) and any(c.startswith("bench privacy") for c in cmds)
+    assert any(_is_training(c) for c in cmds) and any(c.startswith("bench report") for c in cmds)
+
+
+def _wait(proc: subprocess.Popen) -> tuple[int, str, str]:
+    if not hasattr(proc, "result"):
+        out, err = proc.communicate(timeout=1200)
+        proc.result = (proc.returncode, out, err)
+    return proc.result
 
 
 @pytest.mark.parametrize("command", tour_commands())
-def test_readme_command(command, cli_runner, results):
-    expected = 0
-    if "# -> exit" in command:
-        expected = int(command.split("# -> exit", 1)[1].split(":")[0])
-        message = command.split("# -> exit", 1)[1].split(":", 1)[1].strip()
-    args = shlex.split(command.split("#")[0])[1:]
-    if args[0] == "report":  # the tour's report reads the tour's runs; run one first if alone
-        if not results.exists():
-            cli_runner.invoke(cli, ["run", "--method", "dpgan", "--eps", "1", "--preset", "tiny"])
+def test_readme_command(command, cli_runner, tour, monkeypatch, tmp_path):
+    tour_results, procs = tour
+    args, expected, message = _expectation(command)
+    if command in procs:
+        code, out, err = _wait(procs[command])
+        assert code == 0, (command, out, err)
+        assert "epsilon: target" in out and "gen2real_cnn" in out
+        return
+    monkeypatch.chdir(tmp_path)
+    if args[0] == "report":  # reads the tour's runs, once they have finished
+        for proc in procs.values():
+            _wait(proc)
+        monkeypatch.setenv("DPGEN_RESULTS", str(tour_results))
+    else:
+        monkeypatch.setenv("DPGEN_RESULTS", str(tmp_path / "runs"))
     res = cli_runner.invoke(cli, args)
     assert res.exit_code == expected, (command, res.output, res.stderr, res.exception)
     if expected:
         assert res.stderr.strip() == message
-    elif args[0] == "run":
-        assert "epsilon: target" in res.output and "gen2real_cnn" in res.output
+    if args[0] == "report":
+        runs = [c for c in procs if _wait(procs[c])[0] == 0]
+        rows = [line for line in res.output.splitlines() if "| dpgan |" in line]
+        assert len(rows) == len(runs) >= 1, res.output
