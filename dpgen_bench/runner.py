@@ -227,12 +227,12 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     cfg = p.config
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_state = load_resume(run_dir) if resume else None
-    if resume_state and resume_state.get("device", "cpu") != p.device.type:
+    saved_on = resume_state.get("device", "cpu") if resume_state else None  # older checkpoints: CPU only
+    if saved_on is not None and saved_on != p.device.type:
         # random-generator states (and float reductions) are device-specific: a resumed run
         # would be neither bit-exact nor loadable, so refuse instead of crashing in set_state
-        raise UserError(f"--resume {run_dir}: the run was checkpointed on {resume_state.get('device', 'cpu')}, "
-                        f"this process would continue on {p.device.type}; resume with --device "
-                        f"{resume_state.get('device', 'cpu')}")
+        raise UserError(f"--resume {run_dir}: the run was checkpointed on {saved_on}, this process would "
+                        f"continue on {p.device.type}; resume with --device {saved_on}")
     if not resume:
         store.write_json(run_dir / "config.json", {"run_id": run_dir.name, **cfg.to_json()})
         store.write_json(run_dir / "env.json", store.environment(str(p.device)))
