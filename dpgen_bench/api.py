@@ -151,6 +151,7 @@ class PrivacyReport:
     parts: tuple[PrivacyPart, ...] = ()
     epsilon_rdp: float = 0.0
     epsilon_prv: float = 0.0
+    caveat: str | None = None  # set when the ε is not a DP guarantee of the run (Method.accounting_caveat)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,6 +159,7 @@ class PrivacyReport:
             "target": {"epsilon": self.target_epsilon, "delta": self.target_delta},
             "parts": [p.to_json() for p in self.parts],
             "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
+            "caveat": self.caveat,
         }
 
 
@@ -209,10 +211,21 @@ class Method(abc.ABC):
     conditional: ClassVar[bool] = True
     Hparams: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {}
+    # Hparams that change how a run is computed but not what it trains (logging, threads,
+    # memory chunking). `bench report` ignores them when it tells configurations apart;
+    # every other hparam that differs between two runs makes them different table rows.
+    bookkeeping_hparams: ClassVar[frozenset[str]] = frozenset({"log_every", "torch_threads"})
 
     def __init__(self, hparams: Any, info: DataInfo):
         self.hparams = hparams
         self.info = info
+
+    def accounting_caveat(self) -> str | None:
+        """None when the ε the ledger composes is a DP guarantee of what ``fit`` does.
+        Otherwise one line saying whose accounting it is: a mode that follows a paper's
+        own (unsound) privacy argument to reproduce its numbers. The line is written to
+        privacy.json and `bench report` marks that run's ε."""
+        return None
 
     @abc.abstractmethod
     def plan(self, budget: Budget) -> list[PrivacyPart]:

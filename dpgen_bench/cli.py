@@ -234,6 +234,8 @@ def _execute(runner, prepared, run_dir, resume: bool = False) -> None:
     lines = [f"run_dir: {run_dir}",
              f"epsilon: target {_fmt_eps(priv['target']['epsilon'])}, spent {_fmt_eps(float(priv['epsilon']['rdp']))} "
              f"(RDP), {_fmt_eps(float(priv['epsilon']['prv']))} (PRV); delta {priv['target']['delta']:g}"]
+    if priv.get("caveat"):
+        lines.append(f"epsilon caveat: {priv['caveat']}")
     lines += [f"{k}: {v:.4f}" for k, v in result["metrics"].items()]
     click.echo("\n".join(lines))
 
@@ -370,6 +372,9 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
     if not tab.rows:
         raise UserError("nothing to report for this selection")
     text = T.RENDERERS[fmt](tab)
+    if fmt == "csv":  # CSV has no room for notes: the ‡ cells are explained on stderr
+        for note in tab.notes:
+            log.warning("%s", note)
     if out:
         from pathlib import Path
 

@@ -260,6 +260,10 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         timings["fit"] = time.time() - t0
         report = ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
+        caveat = p.method.accounting_caveat() if report.private else None
+        if caveat:
+            report = dataclasses.replace(report, caveat=caveat)
+            log.warning("ε caveat: %s", caveat)
         store.write_json(run_dir / "privacy.json", report.to_json())
         with store.atomic_open(run_dir / "checkpoint.pt") as f:
             torch.save(p.method.state_dict(), f)

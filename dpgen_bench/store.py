@@ -163,6 +163,7 @@ def load_record(run_dir: Path) -> dict[str, Any] | None:
             "config": read_json(run_dir / "config.json"),
             "privacy": read_json(run_dir / "privacy.json"),
             "eval": read_json(run_dir / "eval.json"),
+            "finished": (run_dir / COMPLETE_MARKER).stat().st_mtime,
         }
     except (OSError, ValueError):
         return None

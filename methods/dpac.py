@@ -61,6 +61,9 @@ Departures from the paper (besides GS-WGAN's, listed in ``methods.gswgan``):
   that a fresh C learns something in 4 steps.
 - Iterations are counted from 1: C is used at iterations t > t_c (t_c = 0: from the start,
   as Table 5's "t_c = 0" row).
+- ``privacy_mode=paper`` (inherited from GS-WGAN) reproduces GS-WGAN's own accounting,
+  which DP-GAN-DPAC adopts (§5.1: σ = 1.07, K = 1000, 20,000 iterations); its ε is not a
+  DP guarantee and is recorded with a caveat (see ``methods.gswgan``).
 """
 
 from __future__ import annotations

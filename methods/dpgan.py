@@ -139,6 +139,8 @@ class DPGAN(Method):
     private = True
     conditional = True
     Hparams = DPGANHparams
+    # same update either way (tests/unit/test_dpgan_step.py checks both)
+    bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
     presets = {
         "quick": {
             # CPU, digits 16×16: ~70 ms per step, ~100 s of training on 2 cores (measured

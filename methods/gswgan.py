@@ -58,6 +58,12 @@ Departures from the papers:
   everywhere in this harness. The paper's σ = 1.07 / 20,000 iterations (ε = 10 by its
   accounting) is not reproduced; ``paper`` presets keep T = 20,000, K = 1,000, B = 32 and
   calibrate σ (at ε = 10 on MNIST: accounted σ ≈ 0.47, hook σ_h ≈ 5.3 vs. 2·1.07 = 2.14).
+  ``--set privacy_mode=paper`` runs GS-WGAN's accounting instead, to reproduce its
+  published setting: the ledger is charged B Gaussians per generator step (T·B in all,
+  rate 1/K, noise multiplier σ) and the hook adds 2σ·C per coordinate, so σ = 1.07,
+  T = 20,000, B = 32, K = 1,000 composes to ε ≈ 4.5 (Opacus RDP, δ = 1e-5) where the
+  sound mode gives ε ≈ 366 at the same noise. Its ε is not a DP guarantee: privacy.json
+  carries the caveat and ``bench report`` marks it ‡. DP-GAN-DPAC inherits both modes.
 - The latent is N(0, I) (GS-WGAN's default is Bernoulli(0.5)) so that the membership
   attacks, which search z under a Gaussian prior, apply.
 - Images are in [-1, 1] with a tanh output (GS-WGAN: [0, 1], sigmoid).
@@ -92,6 +98,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -172,6 +179,7 @@ class GSWGANHparams:
     gp_weight: float = 10.0  # λ of WGAN-GP
     drift_weight: float = 0.001  # GS-WGAN's L_epsilon
     ema: float = 0.999  # EMA of G for sampling (netGS); 0: none
+    privacy_mode: Literal["sound", "paper"] = "sound"  # "paper": GS-WGAN's own accounting (module docstring)
     log_every: int = 100  # generator steps between train.jsonl lines
 
     def __post_init__(self):
@@ -189,6 +197,8 @@ class GSWGANHparams:
             raise ValueError("max_grad_norm must be > 0")
         if not 0 <= self.ema < 1:
             raise ValueError("ema must be in [0, 1)")
+        if self.privacy_mode not in ("sound", "paper"):
+            raise ValueError("privacy_mode must be 'sound' or 'paper'")
 
 
 # ------------------------------------------------------------------------ method
@@ -251,9 +261,25 @@ class GSWGAN(Method):
     def sample_rate(self) -> float:
         return 1.0 / self.hparams.num_discriminators
 
+    @property
+    def compositions_per_step(self) -> int:
+        """Mechanisms the ledger is charged per generator step: 1 (sound: one Gaussian on
+        the whole B×d batch); B in ``paper`` mode (GS-WGAN composes every row separately)."""
+        return self.hparams.batch_size if self.hparams.privacy_mode == "paper" else 1
+
     def hook_noise_multiplier(self, accounted_sigma: float) -> float:
-        """Per-coordinate noise std of the hook in units of C: 2√B · σ (module docstring)."""
+        """Per-coordinate noise std of the hook in units of C: 2√B · σ (sound, module
+        docstring); 2σ in ``paper`` mode (GS-WGAN's hook: C · σ · SENSITIVITY, SENSITIVITY = 2)."""
+        if self.hparams.privacy_mode == "paper":
+            return 2.0 * accounted_sigma
         return 2.0 * math.sqrt(self.hparams.batch_size) * accounted_sigma
+
+    def accounting_caveat(self) -> str | None:
+        if self.hparams.privacy_mode == "paper":
+            return (f"{self.name} privacy_mode=paper: ε is GS-WGAN's accounting (privacy_analysis.py: T·B "
+                    "Gaussians at rate 1/K, each amplified separately though a step's B rows share one draw "
+                    "of the discriminator; methods/gswgan docstring); not a DP guarantee")
+        return None
 
     def _check_partition(self) -> None:
         if self.hparams.num_discriminators > self.info.n_train:
@@ -265,21 +291,22 @@ class GSWGAN(Method):
         if not budget.private:
             raise UserError(f"method '{self.name}' is private: give a finite --eps")
         self._check_partition()
+        per = self.compositions_per_step  # the part's steps are T · per
         if h.steps is not None and h.noise_multiplier is None:
             sigma = calibrate_noise(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
-                                    steps=h.steps)
+                                    steps=h.steps * per)
             steps = h.steps
         elif h.noise_multiplier is not None and h.steps is None:
             sigma = h.noise_multiplier
             steps = steps_for_budget(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=q,
-                                     noise_multiplier=sigma)
+                                     noise_multiplier=sigma) // per
             if steps == 0:
                 raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
         elif h.noise_multiplier is not None and h.steps is not None:
             sigma, steps = h.noise_multiplier, h.steps  # the ledger refuses the plan if it exceeds the target
         else:
             raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
-        return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
+        return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps) * per)]
 
     # ----------------------------------------------------------------- training
 
@@ -391,11 +418,15 @@ class GSWGAN(Method):
         if ctx.resume_state:  # pretraining and the first t − 1 generator steps are in the checkpoint
             start = self._restore(ctx.resume_state, opt_g, gens, dev) + 1
 
-        bar = ctx.progress(total=part.steps, desc=f"{self.name} generator steps")
+        per = self.compositions_per_step
+        if part.steps % per:
+            raise AssertionError("planned steps are not a whole number of generator steps")
+        steps = part.steps // per  # generator steps T
+        bar = ctx.progress(total=steps, desc=f"{self.name} generator steps")
         bar.update(start - 1)
         acc = {"d_loss": 0.0, "wasserstein": 0.0, "g_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
         seen = 0
-        for t in range(start, part.steps + 1):
+        for t in range(start, steps + 1):
             k = int(torch.randint(0, h.num_discriminators, (1,), generator=choice_gen, device=dev).item())
             D, opt_d = self.discriminators[k], self._opt_d[k]
             d_loss, w = self._critic_steps(D, opt_d, self.G, subsets[k], data_gen)
@@ -412,7 +443,7 @@ class GSWGAN(Method):
             if sanitizer.calls != calls + 1:
                 raise AssertionError("the generator's gradient was not sanitised exactly once")
             opt_g.step()
-            ctx.ledger.spend(PART)
+            ctx.ledger.spend(PART, per)
             self._update_ema(t)
             bar.update(1)
 
@@ -420,11 +451,11 @@ class GSWGAN(Method):
             for key, v in (("d_loss", d_loss), ("wasserstein", w), ("g_loss", loss.item() / h.batch_size),
                            ("clip_fraction", sanitizer.last_clip_fraction), ("grad_norm", sanitizer.last_mean_norm)):
                 acc[key] += v
-            if t % h.log_every == 0 or t == part.steps:
+            if t % h.log_every == 0 or t == steps:
                 ctx.record(step=t, discriminator=k, **{key: v / seen for key, v in acc.items()}, **logs)
                 acc = dict.fromkeys(acc, 0.0)
                 seen = 0
-            if t < part.steps and ctx.checkpoint_due():
+            if t < steps and ctx.checkpoint_due():
                 ctx.checkpoint(self._training_state(t, opt_g, gens, dev))
         bar.close()
         self.discriminators, self._opt_d = [], []  # never released

@@ -7,20 +7,22 @@ from pathlib import Path
 
 def make_record(root: Path, name: str, method: str, dataset: str, eps: float, seed: int, metrics: dict,
                 rdp: float | None = None, prv: float | None = None, members: int | None = None,
-                complete: bool = True) -> Path:
+                complete: bool = True, hparams: dict | None = None, preset: str = "quick",
+                caveat: str | None = None) -> Path:
     d = root / name
     d.mkdir(parents=True)
     private = math.isfinite(eps)
     fe = (lambda x: x if math.isfinite(x) else "inf")  # noqa: E731
     (d / "config.json").write_text(json.dumps({
         "run_id": name, "method": method, "dataset": dataset, "epsilon": fe(eps), "delta": 1e-5,
-        "preset": "quick", "seed": seed, "members": members, "device": "cpu", "evaluators": list(metrics),
-        "samples_per_class": 10, "hparams": {}}))
+        "preset": preset, "seed": seed, "members": members, "device": "cpu", "evaluators": list(metrics),
+        "samples_per_class": 10, "hparams": hparams or {}}))
     (d / "privacy.json").write_text(json.dumps({
         "private": private, "target": {"epsilon": fe(eps), "delta": 1e-5},
         "parts": [{"name": "d", "mechanism": "subsampled_gaussian", "noise_multiplier": 1.0, "sample_rate": 0.1,
                    "steps": 10, "epsilon": rdp}] if private else [],
-        "epsilon": {"rdp": fe(rdp if private else math.inf), "prv": fe(prv if private else math.inf)}}))
+        "epsilon": {"rdp": fe(rdp if private else math.inf), "prv": fe(prv if private else math.inf)},
+        "caveat": caveat}))
     if complete:
         (d / "eval.json").write_text(json.dumps({"metrics": metrics, "protocol": {}}))
     return d

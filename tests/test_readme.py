@@ -101,5 +101,6 @@ def test_readme_command(command, cli_runner, tour, monkeypatch, tmp_path):
         assert res.stderr.strip() == message
     if args[0] == "report":
         runs = [c for c in procs if _wait(procs[c])[0] == 0]
-        rows = [line for line in res.output.splitlines() if "| dpgan |" in line]
+        # one row per configuration: "dpgan [n_d=1]" (ε = 1) and "dpgan [n_d=adaptive]" (ε = 10)
+        rows = [line for line in res.output.splitlines() if re.search(r"\| dpgan( \[n_d=[a-z0-9]+\])? \|", line)]
         assert len(rows) == len(runs) >= 1, res.output

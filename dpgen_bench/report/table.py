@@ -1,6 +1,14 @@
 """Records → one long frame (one row per run × metric) → aggregate over seeds → layouts
 that mirror the papers → markdown / LaTeX / CSV. Pure functions of the records.
 
+Rows are configurations, not just methods: two runs of one method on one dataset whose
+settings differ (preset, δ, samples per class, or any hparam outside the method's
+``bookkeeping_hparams``) are different rows, labelled with the settings that differ
+(``dpgan [n_d=adaptive]``); mean ± std pools seeds of one configuration only. Of runs
+that repeat a (configuration, ε, members, seed), only the newest counts. A run whose
+privacy.json carries a caveat (an ε from a paper's own accounting, not a DP guarantee)
+has its ε spent marked ‡, with the caveat as a note under the table.
+
 Layouts:
 - ``a``: rows (ε, method), columns (dataset, metric) — Private GANs Table 2, DPAF Tables 1–2.
 - ``b``: rows method, columns metrics, for one (dataset, ε) — DP-GAN-DPAC Tables 1–4.
@@ -10,6 +18,9 @@ Layouts:
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +31,11 @@ import pandas as pd
 from .. import registry, store
 from ..privacy import fmt_eps
 
-ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv"]
+ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv",
+           "variant", "caveat", "finished"]
 MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (attack unstated)
+CAVEAT_MARK = "‡"
+log = logging.getLogger("dpgen_bench")
 
 
 def collect(root: Path) -> tuple[pd.DataFrame, int]:
@@ -33,7 +47,27 @@ def collect(root: Path) -> tuple[pd.DataFrame, int]:
             skipped += 1
             continue
         rows.extend(record_rows(rec, run_dir.name))
-    return pd.DataFrame(rows, columns=ID_COLS + ["metric", "value", "source"]), skipped
+    long = pd.DataFrame(rows, columns=ID_COLS + ["metric", "value", "source"])
+    return label_variants(long), skipped
+
+
+@functools.lru_cache(maxsize=None)
+def _bookkeeping(method: str) -> frozenset[str]:
+    try:
+        return frozenset(registry.methods.attribute(method, "bookkeeping_hparams"))
+    except Exception:  # noqa: BLE001 - a method that is not installed here: the base class' set
+        from ..api import Method
+
+        return Method.bookkeeping_hparams
+
+
+def identity(cfg: dict, priv: dict) -> dict:
+    """The settings that define what a run trained and how it was evaluated, seed and ε
+    aside: two runs with equal identities are seeds of one configuration."""
+    skip = _bookkeeping(cfg["method"])
+    hp = {k: v for k, v in (cfg.get("hparams") or {}).items() if k not in skip}
+    return {"preset": cfg.get("preset"), "delta": float(priv["target"]["delta"]),
+            "samples_per_class": cfg.get("samples_per_class"), **hp}
 
 
 def record_rows(rec: dict, run_id: str) -> list[dict]:
@@ -43,11 +77,78 @@ def record_rows(rec: dict, run_id: str) -> list[dict]:
         "preset": cfg.get("preset"), "seed": cfg.get("seed"), "members": cfg.get("members"),
         "eps_target": float(priv["target"]["epsilon"]), "delta": float(priv["target"]["delta"]),
         "eps_rdp": float(priv["epsilon"]["rdp"]), "eps_prv": float(priv["epsilon"]["prv"]), "source": "ours",
+        "variant": json.dumps(identity(cfg, priv), sort_keys=False, default=str), "caveat": priv.get("caveat"),
+        "finished": rec.get("finished", math.nan),
     }
     metrics = ev.get("metrics", {})
     if not metrics:
         return [{**base, "metric": None, "value": math.nan}]
     return [{**base, "metric": m, "value": float(v)} for m, v in metrics.items()]
+
+
+def _fmt_setting(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def variant_labels(variants: dict[str, dict]) -> dict[str, str]:
+    """For the identities of one method's configurations on one dataset: the settings
+    that tell each apart ("n_d=adaptive"; "" when there is one configuration). When the
+    presets differ, settings a preset fixes are not repeated: "preset=paper" says them."""
+    if len(variants) < 2:
+        return dict.fromkeys(variants, "")
+    keys: list[str] = []
+    for ident in variants.values():
+        keys += [k for k in ident if k not in keys]
+    vals = {v: {k: _fmt_setting(ident[k]) if k in ident else "unset" for k in keys} for v, ident in variants.items()}
+
+    def varies(k: str, group) -> bool:
+        return len({vals[v][k] for v in group}) > 1
+
+    differ = [k for k in keys if varies(k, variants)]
+    if "preset" in differ:
+        by_preset: dict[str, list[str]] = {}
+        for v in variants:
+            by_preset.setdefault(vals[v]["preset"], []).append(v)
+        differ = ["preset"] + [k for k in differ if k != "preset" and any(varies(k, g) for g in by_preset.values())]
+    return {v: ", ".join(f"{k}={vals[v][k]}" for k in differ) for v in variants}
+
+
+def label_variants(long: pd.DataFrame) -> pd.DataFrame:
+    """``method`` → the method plus the settings that tell its configurations apart on a
+    dataset (``dpgan [n_d=adaptive]``); the plain name stays in ``base_method``."""
+    long = long.copy()
+    long["base_method"] = long["method"]
+    if "variant" not in long:
+        long["variant"] = ""
+    long["variant"] = long["variant"].fillna("")
+    ours = long["source"] == "ours"
+    names: dict[tuple, str] = {}
+    for (method, dataset), g in long[ours].groupby(["method", "dataset"], sort=False):
+        variants = {v: json.loads(v) if v else {} for v in g["variant"].unique()}
+        for v, lab in variant_labels(variants).items():
+            names[(method, dataset, v)] = f"{method} [{lab}]" if lab else method
+    long.loc[ours, "method"] = [names[k] for k in zip(long.loc[ours, "base_method"], long.loc[ours, "dataset"],
+                                                      long.loc[ours, "variant"])]
+    return long
+
+
+def latest_per_seed(long: pd.DataFrame) -> pd.DataFrame:
+    """Of our runs that repeat a (configuration, dataset, ε, members, seed), keep the
+    newest: a rerun is not another seed, and counting it would shrink the std."""
+    ours = long[long["source"] == "ours"]
+    if ours.empty:
+        return long
+    runs = ours.drop_duplicates("run_id")
+    keys = ["method", "dataset", "eps_target", "members", "seed"]
+    runs = runs.assign(members=runs["members"].fillna(0)).sort_values(["finished", "run_id"], na_position="first")
+    keep = set(runs.drop_duplicates(keys, keep="last")["run_id"])
+    dropped = len(runs) - len(keep)
+    if dropped:
+        log.warning("%d run(s) repeat the configuration, ε and seed of a newer run; only the newest of each "
+                    "counts (bench report --layout runs lists them all)", dropped)
+    return long[(long["source"] != "ours") | long["run_id"].isin(keep)]
 
 
 def higher_is_better(metric: str) -> bool | None:
@@ -65,17 +166,28 @@ def higher_is_better(metric: str) -> bool | None:
 
 def aggregate(long: pd.DataFrame) -> pd.DataFrame:
     """Mean, sample std and n over seeds per (source, method, dataset, ε, members, metric)."""
-    long = long.dropna(subset=["metric"]).copy()
+    if "base_method" not in long:  # references or rows built by hand: label them here
+        long = label_variants(long)
+    if "caveat" not in long:
+        long = long.assign(caveat=None)
+    long = latest_per_seed(long.dropna(subset=["metric"]))
+    long = long.copy()
     long["members"] = long["members"].fillna(0).astype(int)
     keys = ["source", "method", "dataset", "eps_target", "members", "metric"]
     g = long.groupby(keys, dropna=False, sort=True)
     agg = g.agg(mean=("value", "mean"), std=("value", "std"), n=("value", "size"), eps_rdp=("eps_rdp", "max"),
-                eps_prv=("eps_prv", "max")).reset_index()
+                eps_prv=("eps_prv", "max"), caveat=("caveat", _first_caveat)).reset_index()
     if "ref_std" in long:
         ref = g["ref_std"].first().reset_index(drop=True)
         agg["std"] = agg["std"].where(agg["source"] == "ours", ref.values)
     agg.loc[(agg["n"] < 2) & (agg["source"] == "ours"), "std"] = np.nan
     return agg
+
+
+def _first_caveat(s: pd.Series):
+    s = s.dropna()
+    s = s[s.astype(bool)]
+    return s.iloc[0] if len(s) else None
 
 
 # ---------------------------------------------------------------------- tables
@@ -137,6 +249,22 @@ def _row_label(source: str, method: str) -> str:
     return method if source == "ours" else f"{method} (paper)"
 
 
+def _mark(sel: pd.DataFrame, notes: list[str]) -> str:
+    """"‡" when one of the selected runs' ε carries a caveat (added to ``notes``), else ""."""
+    cav = _first_caveat(sel["caveat"]) if "caveat" in sel else None
+    if not cav:
+        return ""
+    if f"{CAVEAT_MARK} {cav}" not in notes:
+        notes.append(f"{CAVEAT_MARK} {cav}")
+    return f" {CAVEAT_MARK}"
+
+
+def _spent(source: str, sel: pd.DataFrame, notes: list[str]) -> str:
+    if source != "ours":
+        return "—"
+    return f"{fmt_eps(sel['eps_rdp'].max())} / {fmt_eps(sel['eps_prv'].max())}" + _mark(sel, notes)
+
+
 def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
     """Rows (ε, method), columns (dataset, metric)."""
     agg = agg[~agg["metric"].str.startswith(MIA_PREFIX)] if metrics is None else agg[agg["metric"].isin(metrics)]
@@ -146,12 +274,11 @@ def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
     cols = [(d, m) for d in datasets for m in metrics if ((agg["dataset"] == d) & (agg["metric"] == m)).any()]
     rows = (agg[["eps_target", "source", "method"]].drop_duplicates()
             .sort_values(["eps_target", "source", "method"], ascending=[False, False, True]))
-    out_rows, cells = [], []
+    out_rows, cells, notes = [], [], []
     for _, r in rows.iterrows():
         sel = agg[(agg["eps_target"] == r["eps_target"]) & (agg["source"] == r["source"]) &
                   (agg["method"] == r["method"])]
-        spent = "—" if r["source"] != "ours" else f"{fmt_eps(sel['eps_rdp'].max())} / {fmt_eps(sel['eps_prv'].max())}"
-        line: list[Cell | str] = [spent]
+        line: list[Cell | str] = [_spent(r["source"], sel, notes)]
         for d, m in cols:
             hit = sel[(sel["dataset"] == d) & (sel["metric"] == m)]
             line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
@@ -163,7 +290,7 @@ def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
             block = [cells[i] for i, row in enumerate(out_rows) if row[0] == eps]
             _bold_best(block, k, m)
     return Table("metric by dataset and ε", ["ε", "method"], out_rows,
-                 ["ε spent (RDP / PRV)"] + [f"{d} {m}{_arrow(m)}" for d, m in cols], cells)
+                 ["ε spent (RDP / PRV)"] + [f"{d} {m}{_arrow(m)}" for d, m in cols], cells, notes)
 
 
 def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
@@ -174,11 +301,10 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
     metrics = _metrics_order(m for m in sel["metric"].unique() if not m.startswith(MIA_PREFIX))
     rows = sel[["source", "method", "eps_target"]].drop_duplicates().sort_values(
         ["source", "eps_target", "method"], ascending=[False, False, True])
-    out_rows, cells = [], []
+    out_rows, cells, notes = [], [], []
     for _, r in rows.iterrows():
         s = sel[(sel["source"] == r["source"]) & (sel["method"] == r["method"]) & (sel["eps_target"] == r["eps_target"])]
-        spent = "—" if r["source"] != "ours" else f"{fmt_eps(s['eps_rdp'].max())} / {fmt_eps(s['eps_prv'].max())}"
-        line: list[Cell | str] = [fmt_eps(r["eps_target"]), spent]
+        line: list[Cell | str] = [fmt_eps(r["eps_target"]), _spent(r["source"], s, notes)]
         for m in metrics:
             hit = s[s["metric"] == m]
             line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
@@ -189,7 +315,8 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
     for k, m in enumerate(metrics, start=2):
         _bold_best(private, k, m)
     title = f"{dataset}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
-    return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + _arrow(m) for m in metrics], cells)
+    return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + _arrow(m) for m in metrics], cells,
+                 notes)
 
 
 def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
@@ -201,7 +328,7 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
                   key=lambda mk: (_metrics_order(sel["metric"].unique()).index(mk[0]), mk[1]))
     rows = sel[["source", "method", "eps_target"]].drop_duplicates().sort_values(
         ["source", "method", "eps_target"], ascending=[False, True, False])
-    out_rows, cells = [], []
+    out_rows, cells, notes = [], [], []
     for _, r in rows.iterrows():
         s = sel[(sel["source"] == r["source"]) & (sel["method"] == r["method"]) & (sel["eps_target"] == r["eps_target"])]
         line: list[Cell | str] = []
@@ -209,27 +336,28 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
             hit = s[(s["metric"] == m) & (s["members"] == k)]
             line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
                         if len(hit) else "—")
-        out_rows.append((_row_label(r["source"], r["method"]), fmt_eps(r["eps_target"])))
+        out_rows.append((_row_label(r["source"], r["method"]), fmt_eps(r["eps_target"]) + _mark(s, notes)))
         cells.append(line)
     headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'} ({k if k else 'all'} members) ↓0.5"
                for m, k in cols]
-    return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells)
+    return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells, notes)
 
 
 def runs_table(long: pd.DataFrame) -> Table:
     """One row per run."""
     long = long[long["source"] == "ours"] if "source" in long else long
     metrics = _metrics_order(long["metric"].dropna().unique())
-    out_rows, cells = [], []
+    out_rows, cells, notes = [], [], []
     for run_id, g in long.sort_values(["dataset", "method", "eps_target", "seed"], kind="stable").groupby(
             "run_id", sort=False):
         r = g.iloc[0]
         out_rows.append((r["method"], r["dataset"], str(r["preset"]), str(r["seed"])))
         vals = dict(zip(g["metric"], g["value"]))
-        cells.append([fmt_eps(r["eps_target"]), fmt_eps(r["eps_rdp"]), fmt_eps(r["eps_prv"]), f"{r['delta']:g}"] +
+        rdp = fmt_eps(r["eps_rdp"]) + _mark(g.iloc[:1], notes)
+        cells.append([fmt_eps(r["eps_target"]), rdp, fmt_eps(r["eps_prv"]), f"{r['delta']:g}"] +
                      [Cell(vals[m], source="ours", n=3) if m in vals else "—" for m in metrics])
     return Table("runs", ["method", "dataset", "preset", "seed"], out_rows,
-                 ["ε target", "ε RDP", "ε PRV", "δ"] + [m + _arrow(m) for m in metrics], cells)
+                 ["ε target", "ε RDP", "ε PRV", "δ"] + [m + _arrow(m) for m in metrics], cells, notes)
 
 
 # ------------------------------------------------------------------- renderers
@@ -247,12 +375,14 @@ def render_markdown(t: Table) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row, line in zip(t.rows, t.cells):
         lines.append("| " + " | ".join(list(row) + [_cell_text(c, ("**", "**")) for c in line]) + " |")
+    if t.notes:
+        lines += [""] + t.notes
     return "\n".join(lines) + "\n"
 
 
 def _tex(s: str) -> str:
     rep = {"ε": r"$\varepsilon$", "↑": r"$\uparrow$", "↓": r"$\downarrow$", "±": r"$\pm$", "∞": r"$\infty$",
-           "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#"}
+           "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "‡": r"\ddag{}", "μ": r"$\mu$"}
     return "".join(rep.get(ch, ch) for ch in s)
 
 
@@ -264,6 +394,8 @@ def render_latex(t: Table) -> str:
         lines.append(" & ".join([_tex(str(x)) for x in row] + [_tex(_cell_text(c, ("", ""))) if not (
             isinstance(c, Cell) and c.bold) else r"\textbf{" + _tex(c.text()) + "}" for c in line]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
+    if t.notes:
+        lines += [r"\par\smallskip{\footnotesize " + r" \\ ".join(_tex(n) for n in t.notes) + "}"]
     assert ncols
     return "\n".join(lines) + "\n"
 

@@ -175,6 +175,13 @@ class DPAF(Method):
 
     # ------------------------------------------------------------------- privacy
 
+    def accounting_caveat(self) -> str | None:
+        if self.hparams.privacy_mode == "paper":
+            return ("dpaf privacy_mode=paper: ε is the paper's accounting of Algorithm 1 (Theorem 5), which "
+                    "misses C's non-private layers, the batch-coupled losses and the reused μ batches "
+                    "(methods/dpaf docstring); not a DP guarantee")
+        return None
+
     def _schedule(self):
         h = self.hparams
         t1 = h.batches if h.classifier_batches is None else h.classifier_batches
@@ -211,9 +218,8 @@ class DPAF(Method):
         data_gen = torch.Generator(device=dev).manual_seed(ctx.seed)
         noise_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
         gc_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 2)  # GC's threshold sampling
-        if h.privacy_mode == "paper":
-            ctx.log("dpaf: privacy_mode=paper follows Algorithm 1 literally; its ε is the paper's accounting, "
-                    "not a valid DP guarantee (see methods/dpaf docstring)")
+        if self.accounting_caveat():
+            ctx.log(self.accounting_caveat())
         bar = ctx.progress(total=parts["conv1"].steps + parts["dpagg"].steps, desc="dpaf")
         threads = torch.get_num_threads()
         if h.torch_threads is not None:  # tiny convolutions: extra threads cost more than they give

@@ -41,7 +41,8 @@ def test_records_have_the_schema(two_runs):
                   "checkpoint.pt"):
             assert (d / f).is_file(), f
         priv = json.loads((d / "privacy.json").read_text())
-        assert set(priv) == {"private", "target", "parts", "epsilon"}
+        assert set(priv) == {"private", "target", "parts", "epsilon", "caveat"}
+        assert priv["caveat"] is None  # dpgan and gan: the ε is a DP guarantee (or ∞)
         assert set(priv["target"]) == {"epsilon", "delta"}
         assert set(priv["epsilon"]) == {"rdp", "prv"}
         ev = json.loads((d / "eval.json").read_text())

@@ -84,3 +84,29 @@ def test_layer_config_and_split_are_settable_from_the_cli(cli_runner, results):
     bad = cli_runner.invoke(cli, ["run", "--method", "dpaf", "--dataset", "digits", "--eps", "1", "--preset", "tiny",
                                   "--set", "layer_config=C3-C1-×", "--dry-run", "--probe-seconds", "0"])
     assert bad.exit_code == 2 and "image_size" in bad.stderr  # too deep for 16×16 without resizing
+
+
+def test_paper_mode_epsilon_carries_its_caveat_into_the_report(dpaf_runs, tmp_path):
+    """privacy_mode=paper: the run says its ε is the paper's accounting (stdout, privacy.json),
+    and bench report keeps it in its own row with ε spent marked ‡ and the caveat below."""
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    out = tmp_path / "runs" / "paper10"
+    res = runner.invoke(cli, ["run", "--method", "dpaf", "--dataset", "digits", "--eps", "10", "--preset", "tiny",
+                              "--set", "privacy_mode=paper", "--eval", "gen2real_mlp", "--out", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "epsilon caveat: dpaf privacy_mode=paper" in res.stdout
+    caveat = json.loads((out / "privacy.json").read_text())["caveat"]
+    assert "not a DP guarantee" in caveat
+    assert json.loads((dpaf_runs[10.0] / "privacy.json").read_text())["caveat"] is None
+    sound = tmp_path / "runs" / "sound10"
+    import shutil
+
+    shutil.copytree(dpaf_runs[10.0], sound)
+    res = runner.invoke(cli, ["report", "--results", str(tmp_path / "runs"), "--layout", "b", "--eps", "10"])
+    assert res.exit_code == 0, (res.output, res.stderr)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in res.stdout.splitlines() if line.startswith("| dpaf")}
+    assert set(rows) == {"dpaf [privacy_mode=paper]", "dpaf [privacy_mode=sound]"}
+    assert "‡" in rows["dpaf [privacy_mode=paper]"] and "‡" not in rows["dpaf [privacy_mode=sound]"]
+    assert f"‡ {caveat}" in res.stdout

@@ -272,3 +272,46 @@ def test_gswgan_paper_sigma_does_not_meet_eps10_when_the_batch_shares_one_sampli
 def test_too_many_discriminators_is_a_user_error():
     with pytest.raises(UserError, match="num_discriminators"):
         GSWGAN(GSWGANHparams(num_discriminators=2000, steps=10), INFO).plan(Budget(10.0))
+
+
+# ------------------------------------------------------- GS-WGAN's own accounting (opt-in)
+
+
+def test_paper_mode_is_gswgan_accounting_with_a_caveat():
+    """privacy_mode=paper: B compositions per generator step at rate 1/K with noise
+    multiplier σ and hook noise 2σ·C (GS-WGAN's privacy_analysis.py and dp_conv_hook);
+    the paper's setting σ = 1.07, T = 20,000, B = 32, K = 1,000 then meets ε = 10 (≈ 4.5)."""
+    paper = dict(num_discriminators=1000, batch_size=32, steps=None, noise_multiplier=1.07, privacy_mode="paper")
+    info = DataInfo("mnist", (1, 28, 28), 10, 60_000)
+    m = GSWGAN(GSWGANHparams(**paper), info)
+    (part,) = m.plan(Budget(10.0))
+    assert part.noise_multiplier == 1.07 and part.sample_rate == pytest.approx(1e-3)
+    assert part.steps % 32 == 0 and part.steps // 32 > 20_000  # σ = 1.07 allows more than the paper's T
+    assert m.hook_noise_multiplier(1.07) == pytest.approx(2 * 1.07) and m.compositions_per_step == 32
+    fixed = GSWGAN(GSWGANHparams(**dict(paper, steps=20_000)), info)
+    (part,) = fixed.plan(Budget(10.0))
+    assert part.steps == 20_000 * 32 and compose_rdp([part], 1e-5) == pytest.approx(4.45, abs=0.01)
+    assert "not a DP guarantee" in fixed.accounting_caveat()
+    sound = GSWGAN(GSWGANHparams(**dict(paper, privacy_mode="sound")), info)
+    assert sound.accounting_caveat() is None and sound.compositions_per_step == 1
+    assert sound.hook_noise_multiplier(1.07) == pytest.approx(2 * math.sqrt(32) * 1.07)
+
+
+@pytest.mark.parametrize("cls", [GSWGAN, DPAC])
+def test_paper_mode_charges_B_per_generator_step_and_takes_T_steps(cls):
+    extra = dict(t_c=2, n_f=1, n_r=1, c_width=4) if cls is DPAC else {}
+    m = cls(cls.Hparams(**TINY, **extra, privacy_mode="paper"), DataInfo("digits", SHAPE, 10, 60))
+    budget = Budget(10.0)
+    (part,) = m.plan(budget)
+    assert part.steps == TINY["steps"] * TINY["batch_size"]
+    sigma = part.noise_multiplier
+    ledger = PrivacyLedger(budget, [part])
+    ctx = FakeContext(ledger)
+    train = Split(torch.rand(60, *SHAPE) * 2 - 1, torch.randint(0, 10, (60,)))
+    report = m.fit(train, budget, ctx)
+    assert ledger.taken["generator_gradient"] == part.steps  # T generator steps × B
+    assert max(r["step"] for r in ctx.records if "step" in r) == TINY["steps"]
+    assert report.epsilon_rdp <= 10.0
+    sound = cls(cls.Hparams(**TINY, **extra), DataInfo("digits", SHAPE, 10, 60))
+    # at one target the sound plan adds more noise to the images' gradients than GS-WGAN's accounting
+    assert sound.hook_noise_multiplier(sound.plan(budget)[0].noise_multiplier) > m.hook_noise_multiplier(sigma)

@@ -111,3 +111,79 @@ def test_report_of_a_thousand_records_renders(tmp_path):
     text = T.render_markdown(T.layout_a(T.aggregate(long)))
     elapsed = time.perf_counter() - t
     assert text.count("\n") == 2 + 8 and not math.isnan(elapsed)
+
+
+# ------------------------------------------------- configurations, reruns, caveats
+
+
+def _rows(agg, metric="gen2real_cnn"):
+    sel = agg[agg.metric == metric]
+    return {m: (round(mean, 6), n) for m, mean, n in zip(sel.method, sel["mean"], sel.n)}
+
+
+def test_configurations_are_rows_not_seeds(tmp_path):
+    """Two dpgan configurations at one ε are two rows (labelled by what differs), each
+    pooling only its own seeds; a bookkeeping hparam (log_every) does not split a row."""
+    root = tmp_path / "runs"
+    for seed, acc in enumerate([0.5, 0.6]):
+        make_record(root, f"fixed-{seed}", "dpgan", "digits", 10.0, seed, {"gen2real_cnn": acc}, rdp=9.9, prv=9.1,
+                    hparams={"n_d": 1, "lr_g": 2e-4, "log_every": 25 + seed})
+    for seed, acc in enumerate([0.8, 0.9]):
+        make_record(root, f"adaptive-{seed}", "dpgan", "digits", 10.0, seed, {"gen2real_cnn": acc}, rdp=9.9,
+                    prv=9.1, hparams={"n_d": "adaptive", "lr_g": 2e-4, "log_every": 25})
+    make_record(root, "dpaf-0", "dpaf", "digits", 10.0, 0, {"gen2real_cnn": 0.3}, rdp=9.9, prv=9.1,
+                hparams={"mu": 8})
+    long, _ = T.collect(root)
+    assert _rows(T.aggregate(long)) == {"dpgan [n_d=1]": (0.55, 2), "dpgan [n_d=adaptive]": (0.85, 2),
+                                        "dpaf": (0.3, 1)}
+    text = T.render_markdown(T.layout_a(T.aggregate(long)))
+    assert "| 10 | dpgan [n_d=1] |" in text and "| 10 | dpgan [n_d=adaptive] |" in text
+    assert set(long["base_method"]) == {"dpgan", "dpaf"}
+
+
+def test_variant_labels_name_the_preset_not_what_it_fixes():
+    q = {"preset": "quick", "delta": 1e-5, "width": 32, "steps": 1500}
+    labels = T.variant_labels({
+        "a": q, "b": {**q, "preset": "paper", "width": 128, "steps": 450000},
+        "c": {**q, "lr_g": 1e-3}, "d": {**q, "delta": 1e-6}})
+    assert labels == {"a": "preset=quick, delta=1e-05, lr_g=unset", "b": "preset=paper, delta=1e-05, lr_g=unset",
+                      "c": "preset=quick, delta=1e-05, lr_g=0.001", "d": "preset=quick, delta=1e-06, lr_g=unset"}
+    assert T.variant_labels({"only": q}) == {"only": ""}
+
+
+def test_a_rerun_of_a_seed_counts_once_the_newest(tmp_path, caplog):
+    import os
+
+    root = tmp_path / "runs"
+    old = make_record(root, "first", "dpgan", "digits", 1.0, 0, {"gen2real_cnn": 0.2}, rdp=1, prv=1)
+    new = make_record(root, "again", "dpgan", "digits", 1.0, 0, {"gen2real_cnn": 0.4}, rdp=1, prv=1)
+    make_record(root, "seed1", "dpgan", "digits", 1.0, 1, {"gen2real_cnn": 0.6}, rdp=1, prv=1)
+    os.utime(old / "eval.json", (1_000, 1_000))  # "first" finished long before "again"
+    os.utime(new / "eval.json", (2_000, 2_000))
+    long, _ = T.collect(root)
+    with caplog.at_level("WARNING", logger="dpgen_bench"):
+        agg = T.aggregate(long)
+    assert _rows(agg) == {"dpgan": (0.5, 2)}  # 0.4 and 0.6, not 0.2
+    assert "1 run(s) repeat" in caplog.text
+    assert len(T.runs_table(long).rows) == 3  # the runs layout still lists every run
+
+
+def test_caveated_epsilon_is_marked_with_a_note(tmp_path, cli_runner):
+    root = tmp_path / "runs"
+    why = "dpaf privacy_mode=paper: ε is the paper's accounting (μ batches reused); not a DP guarantee"
+    for mode, acc in (("sound", 0.5), ("paper", 0.7)):
+        make_record(root, f"dpaf-{mode}", "dpaf", "digits", 10.0, 0, {"gen2real_cnn": acc}, rdp=9.9, prv=9.1,
+                    hparams={"privacy_mode": mode}, caveat=why if mode == "paper" else None)
+    agg = T.aggregate(T.collect(root)[0])
+    md = T.render_markdown(T.layout_a(agg))
+    assert "| 10 | dpaf [privacy_mode=paper] | 9.9 / 9.1 ‡ |" in md
+    assert "| 10 | dpaf [privacy_mode=sound] | 9.9 / 9.1 |" in md
+    assert md.rstrip().endswith(f"‡ {why}")
+    tex = T.render_latex(T.layout_b(agg, "digits", 10.0))
+    assert r"9.9 / 9.1 \ddag{}" in tex and r"\footnotesize \ddag{} dpaf privacy\_mode=paper" in tex
+    assert r"($\mu$ batches reused)" in tex
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--format", "csv"])
+    assert res.exit_code == 0, (res.output, res.stderr)
+    assert "9.9 / 9.1 ‡" in res.stdout and why in res.stderr and why not in res.stdout
+    runs = T.render_markdown(T.runs_table(T.collect(root)[0]))
+    assert "9.9 ‡" in runs and why in runs
