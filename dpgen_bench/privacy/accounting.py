@@ -53,6 +53,21 @@ def fmt_eps(x: float, spec: str = ".3g") -> str:
     return "∞" if not math.isfinite(x) else format(x, spec)
 
 
+PRV_MAX_GRID_POINTS = 20_000_000  # measured ~200 B per point at peak (4.1e7 points: 8.4 GB, 212 s), so ≤ ~4 GB
+
+
+def prv_grid_points(prvs, steps: Sequence[int], eps_error: float, delta_error: float) -> float:
+    """Points of the grid prv-accountant 0.2 would discretise on (its ``PRVAccountant``:
+    domain [-L, L] from ``compute_safe_domain_size``, mesh from Theorem 5.5 of Gopi et
+    al.), computed before allocating it: at tiny noise (ε in the thousands) L explodes and
+    the accountant would ask for tens of GB."""
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    L = compute_safe_domain_size(prvs, steps, eps_error=eps_error, delta_error=delta_error)
+    mesh = eps_error / math.sqrt(sum(steps) / 2 * math.log(12 / delta_error))
+    return 2 * L / mesh
+
+
 def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | None = None) -> float:
     """Upper bound on ε from the PRV accountant, all parts composed; NaN where the
     accountant cannot compute one.
@@ -67,7 +82,9 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     for a low-noise, high-rate part such as σ = 0.5 at q = 0.13 (dpaf's conv2* at ε = 50 on
     digits), and setting ``eps_max`` only clips the answer to it. PRV is reported beside RDP,
     not compared with the target, so the failure is logged and NaN is returned ("n/a" in
-    records and tables); the run stands on its RDP ε.
+    records and tables); the run stands on its RDP ε. The same holds where the
+    accountant's grid would not fit in memory (``prv_grid_points``: ε ≈ 10⁵ asked for
+    34 GB and crashed a finished run).
     """
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
@@ -80,6 +97,10 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
         eps_error = 0.01 if sum(steps) <= 20_000 else 0.05
         eps_error = min(eps_error, max(0.1 * compose_rdp(parts, delta), 0.002))
     try:
+        points = prv_grid_points(prvs, steps, eps_error, delta / 1000)
+        if points > PRV_MAX_GRID_POINTS:  # a near-noiseless part: the grid would not fit in memory
+            raise ValueError(f"its grid would have {points:.3g} points (limit {PRV_MAX_GRID_POINTS:.0e}), "
+                             "e.g. a part with very little noise")
         acc = PRVAccountant(prvs=prvs, max_self_compositions=steps, eps_error=eps_error, delta_error=delta / 1000)
         _, _, upper = acc.compute_epsilon(delta=delta, num_self_compositions=steps)
     except (RuntimeError, ValueError, FloatingPointError) as e:

@@ -68,6 +68,40 @@ def test_prv_failure_is_nan_not_a_crash(caplog):
     assert math.isfinite(compose_rdp(parts, 1e-5))
 
 
+def test_prv_grid_too_large_for_memory_is_nan_before_allocating(caplog, monkeypatch):
+    """dpaf on digits at ε = 1e5 (σ ≈ 0.05): prv-accountant asked for a 34 GB array after
+    training had finished, and the run was lost. The grid is sized first and refused."""
+    import time
+
+    import dpgen_bench.privacy.accounting as A
+    from prv_accountant import PoissonSubsampledGaussianMechanism
+
+    parts = [PrivacyPart("conv1", 0.05, 0.0167, 100), PrivacyPart("conv2", 0.05, 0.1336, 125),
+             PrivacyPart("dpagg", 0.05, 0.0167, 1000)]
+    t = time.perf_counter()
+    assert math.isnan(compose_prv(parts, 1e-5))
+    assert time.perf_counter() - t < 10 and "grid would have" in caplog.text
+    # the estimate is the accountant's own grid: with the limit lifted, it is what gets built
+    prvs = [PoissonSubsampledGaussianMechanism(noise_multiplier=1.0, sampling_probability=0.1)]
+    points = A.prv_grid_points(prvs, [50], 0.01, 1e-8)
+    built = []
+    from prv_accountant import accountant as acc_mod
+
+    orig = acc_mod.Domain.create_aligned
+
+    def spy(t_min, t_max, dt):
+        d = orig(t_min, t_max, dt)
+        built.append(d._size)
+        return d
+
+    monkeypatch.setattr(acc_mod.Domain, "create_aligned", staticmethod(spy))
+    acc_mod.PRVAccountant(prvs=prvs, max_self_compositions=[50], eps_error=0.01, delta_error=1e-8)
+    assert built and built[0] == pytest.approx(points, rel=0.01)
+    # typical runs stay far below the limit (dpgan quick at ε = 1: ~1e5 points)
+    quick = [PoissonSubsampledGaussianMechanism(noise_multiplier=4.18, sampling_probability=0.0445)]
+    assert A.prv_grid_points(quick, [1500], 0.01, 1e-8) < A.PRV_MAX_GRID_POINTS / 20
+
+
 def test_steps_for_budget_is_the_largest_admissible():
     t = steps_for_budget(target_epsilon=2.0, target_delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
     eps = lambda n: compose_rdp([PrivacyPart("d", 1.5, Q, n)], 1e-5)  # noqa: E731
