@@ -243,6 +243,9 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         with store.atomic_open(run_dir / "membership.npz") as f:
             np.savez(f, member_indices=p.data.member_indices, nonmember_indices=p.data.nonmember_indices)
 
+    caveat = p.method.accounting_caveat() if p.budget.private else None
+    if caveat:  # said before training, not only in the record at the end
+        log.warning("ε caveat: %s", caveat)
     phase, t0, timings = "fit", time.time(), {}
     try:
         seed_everything(cfg.seed)
@@ -260,10 +263,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         timings["fit"] = time.time() - t0
         report = ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
-        caveat = p.method.accounting_caveat() if report.private else None
         if caveat:
             report = dataclasses.replace(report, caveat=caveat)
-            log.warning("ε caveat: %s", caveat)
         store.write_json(run_dir / "privacy.json", report.to_json())
         with store.atomic_open(run_dir / "checkpoint.pt") as f:
             torch.save(p.method.state_dict(), f)

@@ -96,12 +96,13 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     if eps_error is None:
         eps_error = 0.01 if sum(steps) <= 20_000 else 0.05
         eps_error = min(eps_error, max(0.1 * compose_rdp(parts, delta), 0.002))
+    delta_error = delta / 1000
     try:
-        points = prv_grid_points(prvs, steps, eps_error, delta / 1000)
+        points = prv_grid_points(prvs, steps, eps_error, delta_error)
         if points > PRV_MAX_GRID_POINTS:  # a near-noiseless part: the grid would not fit in memory
             raise ValueError(f"its grid would have {points:.3g} points (limit {PRV_MAX_GRID_POINTS:.0e}), "
                              "e.g. a part with very little noise")
-        acc = PRVAccountant(prvs=prvs, max_self_compositions=steps, eps_error=eps_error, delta_error=delta / 1000)
+        acc = PRVAccountant(prvs=prvs, max_self_compositions=steps, eps_error=eps_error, delta_error=delta_error)
         _, _, upper = acc.compute_epsilon(delta=delta, num_self_compositions=steps)
     except (RuntimeError, ValueError, FloatingPointError) as e:
         logging.getLogger("dpgen_bench").warning(f"PRV accountant failed ({e}); PRV ε not reported, RDP ε stands")

@@ -67,7 +67,8 @@ holds:
 ``privacy_mode="paper"`` runs Algorithm 1 literally (conv2/conv3/FC of C by plain Adam
 on the batch-aggregate MSE; L'_BCE on D̃ with clean AGG over the last μ batches, Opacus'
 per-sample gradients of that coupled loss; γ2 = 1 − (1 − B/N)^μ) for reproducing the
-paper. Its recorded ε is the paper's accounting, NOT a DP guarantee; fit() logs this.
+paper. Its recorded ε is the paper's accounting, NOT a DP guarantee; the runner warns
+before training and records the caveat (``accounting_caveat``).
 
 Departures from the paper, and ambiguities resolved (ours unless stated):
 

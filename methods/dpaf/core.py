@@ -218,8 +218,6 @@ class DPAF(Method):
         data_gen = torch.Generator(device=dev).manual_seed(ctx.seed)
         noise_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 1)
         gc_gen = torch.Generator(device=dev).manual_seed(ctx.seed + 2)  # GC's threshold sampling
-        if self.accounting_caveat():
-            ctx.log(self.accounting_caveat())
         bar = ctx.progress(total=parts["conv1"].steps + parts["dpagg"].steps, desc="dpaf")
         threads = torch.get_num_threads()
         if h.torch_threads is not None:  # tiny convolutions: extra threads cost more than they give
