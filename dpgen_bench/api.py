@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --------------------------------------------------------------------------- data
 
+EVAL_SPLITS = ("test", "val")
+VAL_FRACTION = 0.15  # share of the training split held out by --eval-split val (stratified)
+VAL_SEED = 0  # the validation part is the same for every run of a dataset
+
 
 @dataclass(frozen=True)
 class Split:
@@ -55,7 +59,11 @@ class ImageData:
     """A labelled image dataset with fixed train / test splits.
 
     ``member_indices`` / ``nonmember_indices`` are set when the run trains on a member
-    subset (``--members N``): indices into the *original* train and test splits.
+    subset (``--members N``): indices into the train and held-out splits the run uses.
+
+    ``eval_split`` names what ``test`` holds: the real test split ("test"), or a validation
+    part carved out of the training split ("val", ``with_validation``) for choosing
+    hyperparameters without looking at the test split.
     """
 
     name: str
@@ -65,6 +73,7 @@ class ImageData:
     member_indices: np.ndarray | None = None
     nonmember_indices: np.ndarray | None = None
     description: str = ""
+    eval_split: str = "test"
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -86,6 +95,20 @@ class ImageData:
             member_indices=members,
             nonmember_indices=nonmembers,
         )
+
+    def with_validation(self, fraction: float = VAL_FRACTION, seed: int = VAL_SEED) -> "ImageData":
+        """Train on the training split minus a stratified ``fraction`` of it, evaluate on that
+        part (it becomes ``test``; the real test split is dropped). The part is fixed by
+        ``seed``, not by the run's seed, so every run of a dataset sees the same one."""
+        from sklearn.model_selection import train_test_split
+
+        if self.eval_split != "test" or self.member_indices is not None:
+            raise ValueError("with_validation applies to the full dataset, before --members")
+        labels = self.train.labels.cpu().numpy()
+        fit, val = train_test_split(np.arange(len(labels)), test_size=fraction, stratify=labels,
+                                    random_state=seed)
+        return dataclasses.replace(self, train=self.train.subset(np.sort(fit)), test=self.train.subset(np.sort(val)),
+                                   eval_split="val")
 
     def to(self, device: torch.device | str) -> "ImageData":
         return dataclasses.replace(self, train=self.train.to(device), test=self.test.to(device))

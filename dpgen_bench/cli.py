@@ -11,6 +11,7 @@ import sys
 import click
 
 from . import registry
+from .api import EVAL_SPLITS
 from .config import DEFAULT_DELTA, RunConfig, load_config_file, parse_set, resolve_hparams
 from .errors import PrivacyViolation, UserError
 
@@ -101,6 +102,10 @@ def _run_options(f):
         click.option("--seed", type=int, default=None, help="Seed [default: 0]."),
         click.option("--data-root", default=None,
                      help="Root of local dataset files (else $DPGEN_DATA, else ~/.cache/dpgen_bench/data)."),
+        click.option("--eval-split", "eval_split", type=click.Choice(["test", "val"]), default=None,
+                     help="Evaluate on the real test split, or train on the training split minus a fixed "
+                          "stratified 15% validation part and evaluate on that (for choosing settings) "
+                          "[default: test]."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -117,12 +122,12 @@ def default_preset(method_cls, dataset: str) -> str:
 
 
 def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members=None, device=None,
-                 evaluators=None) -> RunConfig:
+                 evaluators=None, eval_split=None) -> RunConfig:
     """CLI > --config file > preset > defaults."""
     file_cfg = load_config_file(config_file) if config_file else {}
     file_hp = file_cfg.pop("hparams", {}) or {}
     known = {"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device", "evaluators",
-             "samples_per_class"}
+             "samples_per_class", "eval_split"}
     unknown = set(file_cfg) - known
     if unknown:
         raise UserError(f"config file: unknown keys {sorted(unknown)}")
@@ -148,13 +153,16 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
         evaluators = file_cfg.get("evaluators", run_level.get("evaluators"))
     kwargs = dict(
         method=method, dataset=dataset, epsilon=float(eps),
-        delta=float(delta if delta is not None else file_cfg.get("delta", DEFAULT_DELTA)),
+        delta=float(delta if delta is not None else file_cfg.get("delta", run_level.get("delta", DEFAULT_DELTA))),
         preset=preset, seed=int(seed if seed is not None else file_cfg.get("seed", 0)),
         members=members if members is not None else file_cfg.get("members"),
         device=device or file_cfg.get("device", "auto"),
         samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),
         hparams=__import__("dataclasses").asdict(hp),
+        eval_split=eval_split or file_cfg.get("eval_split", "test"),
     )
+    if kwargs["eval_split"] not in EVAL_SPLITS:
+        raise UserError(f"eval_split must be one of {', '.join(EVAL_SPLITS)}, got {kwargs['eval_split']!r}")
     if evaluators is not None:
         if isinstance(evaluators, str):
             evaluators = [e.strip() for e in evaluators.split(",") if e.strip()]
@@ -178,8 +186,8 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
 @click.option("--probe-seconds", type=float, default=10.0, show_default=True,
               help="Length of --dry-run's timing probe (0: no estimate).")
 @click.option("--resume", "resume_dir", default=None, help="Continue an interrupted run from its last checkpoint.")
-def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, members, evaluators, device,
-        out, results, dry_run, probe_seconds, resume_dir):
+def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
+        evaluators, device, out, results, dry_run, probe_seconds, resume_dir):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
     from pathlib import Path
 
@@ -187,11 +195,12 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
 
     if resume_dir:
         cfg = runner.resume_config(Path(resume_dir))
-        given = (method, dataset, eps, delta, preset, n_d, config_file, seed, members, evaluators) != (None,) * 10
+        given = (method, dataset, eps, delta, preset, n_d, config_file, seed, members, evaluators,
+                 eval_split) != (None,) * 11
         if given or sets:
             mine = build_config(method or cfg.method, dataset or cfg.dataset, eps, delta, preset or cfg.preset, n_d,
                                 sets, config_file, seed if seed is not None else cfg.seed, members, device,
-                                evaluators)
+                                evaluators, eval_split or cfg.eval_split)
             diff = [k for k, v in mine.to_json().items() if k != "device" and v != cfg.to_json()[k]]
             if diff:
                 raise UserError(f"--resume {resume_dir}: the given settings differ from the run's config in "
@@ -201,7 +210,8 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
         prepared = runner.prepare(cfg, data_root)
         _execute(runner, prepared, Path(resume_dir), resume=True)
         return
-    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members, device, evaluators)
+    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members, device, evaluators,
+                       eval_split)
     prepared = runner.prepare(cfg, data_root)
     if dry_run:
         import json
@@ -261,13 +271,13 @@ def eval_(run_dir, evaluators, data_root):
 
 @cli.command()
 @_run_options
-def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root):
+def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split):
     """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
     from . import runner
     from .privacy import fmt_eps
     from .privacy.ledger import planned_report
 
-    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed)
+    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, eval_split=eval_split)
     prepared = runner.prepare(cfg, data_root)
     if not prepared.budget.private:
         click.echo(f"method {cfg.method} is not private (ε = ∞): it has no private parts to account")
@@ -404,6 +414,8 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
 @click.option("--preset", default=None, help="Preset [default: quick].")
 @click.option("--members", default=None, help="Comma-separated member-set sizes (membership inference).")
 @click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: each preset's].")
+@click.option("--eval-split", "eval_split", type=click.Choice(["test", "val"]), default=None,
+              help="Evaluate every cell on the test split or on the validation part [default: test].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a method setting in every cell.")
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local")
@@ -411,15 +423,15 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
 @click.option("--address", default=None, help="Ray cluster address [default: start a local instance].")
 @click.option("--data-root", default=None, help="Root of local dataset files.")
 @click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
-def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, sets, results, engine, jobs, address,
-          data_root, no_report):
+def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, eval_split, sets, results, engine, jobs,
+          address, data_root, no_report):
     """Run a grid of runs, skipping cells already complete, then print the report."""
     from . import store
     from .sweep import expand, run_sweep
 
     grid = load_config_file(grid_file) if grid_file else {}
     flags = {"method": method, "dataset": dataset, "eps": eps, "seeds": seeds, "preset": preset,
-             "members": members, "eval": evaluators}
+             "members": members, "eval": evaluators, "eval_split": eval_split}
     grid.update({k: v for k, v in flags.items() if v is not None})
     if sets:
         grid["set"] = {**(grid.get("set") or {}), **parse_set(sets)}

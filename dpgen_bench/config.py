@@ -22,7 +22,7 @@ from .registry import suggest
 
 DEFAULT_DELTA = 1e-5
 DEFAULT_EVALUATORS = ("gen2real_cnn",)
-RUN_KEYS = ("evaluators", "samples_per_class")
+RUN_KEYS = ("evaluators", "samples_per_class", "delta")  # delta: a paper that fixes δ (CLI --delta wins)
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class RunConfig:
     evaluators: tuple[str, ...] = DEFAULT_EVALUATORS
     samples_per_class: int = 100
     hparams: dict[str, Any] = field(default_factory=dict)  # fully resolved
+    eval_split: str = "test"  # "val": train on train minus a validation part, evaluate on it
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -50,6 +51,7 @@ class RunConfig:
         d = dict(d)
         d["epsilon"] = float(d["epsilon"])
         d["evaluators"] = tuple(d.get("evaluators", DEFAULT_EVALUATORS))
+        d.setdefault("eval_split", "test")  # records written before --eval-split existed
         return cls(**d)
 
 

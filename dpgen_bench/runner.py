@@ -156,6 +156,8 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     from .data import load_dataset
 
     data = load_dataset(config.dataset, root=data_root)
+    if config.eval_split == "val":
+        data = data.with_validation()
     if config.members is not None:
         if not (1 <= config.members <= min(len(data.train), len(data.test))):
             raise UserError(f"--members must be between 1 and {min(len(data.train), len(data.test))} for "
@@ -423,7 +425,7 @@ def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None, dat
         out = ev.evaluate(EvalInput(data=p.data, images=images, labels=labels, method=p.method,
                                     device=p.device, seed=p.config.seed, options={"data_root": data_root}))
         metrics.update(out.get("metrics", {}))
-        protocol[name] = out.get("protocol", {})
+        protocol[name] = {**out.get("protocol", {}), "eval_split": p.data.eval_split}
         protocol["timings"][f"eval:{name}"] = time.time() - t
     return {"metrics": metrics, "protocol": protocol}
 
@@ -445,6 +447,8 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     from .data import load_dataset
 
     data = load_dataset(cfg.dataset, root=data_root)
+    if cfg.eval_split == "val":
+        data = data.with_validation()
     if (run_dir / "membership.npz").is_file():
         m = np.load(run_dir / "membership.npz")
         data = dataclasses.replace(data, train=data.train.subset(m["member_indices"]),

@@ -56,8 +56,8 @@ def _listify(v: Any) -> list:
 
 
 def expand(grid: dict[str, Any], build_config) -> list[Cell]:
-    """Grid keys: method, dataset, eps, seeds, preset, members, delta, eval, set (mapping)."""
-    known = {"method", "dataset", "eps", "seeds", "preset", "members", "delta", "eval", "set", "n_d"}
+    """Grid keys: method, dataset, eps, seeds, preset, members, delta, eval, eval_split, set (mapping)."""
+    known = {"method", "dataset", "eps", "seeds", "preset", "members", "delta", "eval", "eval_split", "set", "n_d"}
     unknown = set(grid) - known
     if unknown:
         raise UserError(f"sweep grid: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
@@ -76,7 +76,7 @@ def expand(grid: dict[str, Any], build_config) -> list[Cell]:
         eps_value = float(eps) if (private and eps is not None) else None
         cfg = build_config(method, dataset, eps_value, grid.get("delta"), grid.get("preset"),
                            None if n_d is None else str(n_d), sets, None, int(seed),
-                           int(members) if members is not None else None, None, evaluators)
+                           int(members) if members is not None else None, None, evaluators, grid.get("eval_split"))
         cell = Cell(cfg)
         cells.setdefault(cell.run_name, cell)  # a non-private method runs once per seed, not per ε
     return list(cells.values())

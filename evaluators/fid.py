@@ -498,12 +498,13 @@ class _InceptionEvaluator(Evaluator):
         threads = run.options.get("fid_num_threads")
         plan = ExtractionPlan.for_run(device, batch_size, None if threads is None else int(threads),
                                       run.options.get("fid_compile", "auto"))
-        real, path, cached = real_statistics(run.data.name, "test", real_images, plan)
+        real, path, cached = real_statistics(run.data.name, run.data.eval_split, real_images, plan)
         gen, _, memo = features_memoised(run.images, plan)
         protocol = {
             "n_generated": n_gen,
             "n_real": n_real,
-            "real_split": "test",
+            "real_split": run.data.eval_split,
+            "test_on": f"real {run.data.eval_split} ({n_real})",
             "dataset": run.data.name,
             "extractor": extractor_description(),
             "torch_fidelity": torch_fidelity.__version__,

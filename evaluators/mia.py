@@ -170,13 +170,15 @@ def reference_generator(run: EvalInput) -> Method:
 
     data = run.data
     full = load_dataset(data.name, root=run.options.get("data_root"))
+    if data.eval_split == "val":  # member indices are into the training split minus the validation part
+        full = full.with_validation()
     keep = np.setdiff1d(np.arange(len(full.train)), data.member_indices)
     steps = int(_opt(run, "mia_reference_steps"))
     try:
         hp, _ = resolve_hparams(GAN, "quick", data.name, {"steps": steps})
     except Exception:  # noqa: BLE001 - no quick preset for this dataset: defaults
         hp = GAN.Hparams(steps=steps)
-    key = hashlib.sha1(repr((data.name, keep.tobytes(), run.seed, hp)).encode()).hexdigest()[:16]
+    key = hashlib.sha1(repr((data.name, data.eval_split, keep.tobytes(), run.seed, hp)).encode()).hexdigest()[:16]
     path = _cache_dir() / "mia_reference" / f"{data.name}-{key}.pt"
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(keep))
     model = GAN(hp, info)
@@ -219,6 +221,7 @@ class _MIA(Evaluator):
         is_member = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
         dist = ATTACKS[self.attack](run.method, x, y, run, run.seed)
         proto: dict[str, Any] = {"attack": self.attack, "n_members": len(members), "n_nonmembers": len(nonmembers),
+                                 "test_on": f"members vs non-members from the real {run.data.eval_split} split",
                                  "distance": "L2 in [-1, 1] pixel space"}
         if self.calibrated:
             ref = reference_generator(run)

@@ -4,7 +4,10 @@
   split (Private GANs §4.1 "Evaluation").
 - real2gen: train on the real training split, test on the synthetic set (DPAC's
   "reversed utility"; GS-WGAN's ``eval_sklearn.py`` tests on at most 10,000 synthetic
-  images, as here).
+  images, as here). The 10,000 are a seeded stratified subsample (each class keeps its
+  share), never the first 10,000 of a class-sorted set, which would be classes 0 and 1
+  alone at 6,000 per class; ``protocol.per_class`` lists how many of each class were
+  tested.
 
 MLP: scikit-learn's ``MLPClassifier`` with its defaults (one hidden layer of 100 ReLU
 units, Adam, ≤ 200 epochs) on pixels scaled to [0, 1], as GS-WGAN's evaluation code does
@@ -85,6 +88,31 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed
 MAX_REAL2GEN_TEST = 10_000
 
 
+def stratified_cap(labels: torch.Tensor, cap: int, num_classes: int, seed: int) -> torch.Tensor:
+    """Indices of at most ``cap`` rows, each class keeping its share (largest remainders),
+    chosen within a class by a seeded permutation; all rows when there are ≤ ``cap``."""
+    n = len(labels)
+    if n <= cap:
+        return torch.arange(n)
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    exact = counts * cap / n
+    take = exact.floor().long()
+    short = cap - int(take.sum())
+    if short:
+        order = torch.argsort(exact - take, descending=True, stable=True)
+        take[order[:short]] += 1
+    g = torch.Generator().manual_seed(seed)
+    keep = []
+    for c in range(num_classes):
+        rows = torch.nonzero(labels == c).flatten()
+        keep.append(rows[torch.randperm(len(rows), generator=g)[:int(take[c])]])
+    return torch.sort(torch.cat(keep)).values
+
+
+def per_class(labels: torch.Tensor, num_classes: int) -> list[int]:
+    return torch.bincount(labels.long(), minlength=num_classes).tolist()
+
+
 def mlp_accuracy(x_train, y_train, x_test, y_test, *, seed: int) -> tuple[float, dict]:
     import warnings
 
@@ -115,11 +143,13 @@ class _Transfer(Evaluator):
         gen_x, gen_y = run.images.cpu(), run.labels.cpu()
         if self.direction == "gen2real":
             (x_tr, y_tr), (x_te, y_te) = (gen_x, gen_y), (data.test.images.cpu(), data.test.labels.cpu())
-            where = {"train_on": f"synthetic ({len(gen_x)})", "test_on": f"real test ({len(data.test)})"}
+            where = {"train_on": f"synthetic ({len(gen_x)})", "test_on": f"real {data.eval_split} ({len(data.test)})"}
         else:
-            n = min(len(gen_x), MAX_REAL2GEN_TEST)
-            (x_tr, y_tr), (x_te, y_te) = (data.train.images.cpu(), data.train.labels.cpu()), (gen_x[:n], gen_y[:n])
-            where = {"train_on": f"real train ({len(data.train)})", "test_on": f"synthetic ({n})"}
+            keep = stratified_cap(gen_y.long(), MAX_REAL2GEN_TEST, data.num_classes, run.seed)
+            (x_tr, y_tr), (x_te, y_te) = (data.train.images.cpu(), data.train.labels.cpu()), (gen_x[keep], gen_y[keep])
+            train = "real train" if data.eval_split == "test" else "real train minus val"
+            where = {"train_on": f"{train} ({len(data.train)})", "test_on": f"synthetic ({len(keep)})",
+                     "per_class": per_class(y_te, data.num_classes)}
         if self.classifier == "cnn":
             dev = torch.device(run.device)
             model, proto = train_classifier(CNN(data.image_shape, data.num_classes), x_tr, y_tr, seed=run.seed,

@@ -25,9 +25,9 @@ class GAN(DPGAN):
         "memorise": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1, steps=5000, g_width=64,
                                     lr_g=1e-3, lr_d=2e-4)},
         "paper": {
-            "mnist": dict(batch_size=128, steps=45_000, n_d=1),
-            "fashion-mnist": dict(batch_size=128, steps=45_000, n_d=1),
-            "celeba-gender-32": dict(batch_size=128, steps=45_000, n_d=1),
+            "mnist": dict(batch_size=128, steps=45_000, n_d=1, samples_per_class=6000),
+            "fashion-mnist": dict(batch_size=128, steps=45_000, n_d=1, samples_per_class=6000),
+            "celeba-gender-32": dict(batch_size=128, steps=45_000, n_d=1, samples_per_class=30_000),
         },
     }
 

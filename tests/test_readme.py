@@ -5,6 +5,7 @@ cores). They are independent, so they start together as subprocesses, one thread
 when the module starts; each test then checks its own command's outcome. ``bench report``
 reads the tour's own runs, as a reader following the README would."""
 
+import json
 import os
 import re
 import shlex
@@ -66,6 +67,27 @@ def test_readme_starts_with_the_two_setup_commands():
     assert [line.split("#")[0].strip() for line in first_block.splitlines()] == ["make demo", "make test"]
 
 
+def readme_privacy_example() -> dict:
+    text = README.read_text().split("## What a run records", 1)[1]
+    return json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
+
+
+def test_readme_privacy_example_recomputes():
+    """The σ, rate and steps shown give the ε shown (RDP and PRV), and it is ≤ the target."""
+    from dpgen_bench.api import PrivacyPart
+    from dpgen_bench.privacy import compose_prv, compose_rdp
+
+    ex = readme_privacy_example()
+    parts = [PrivacyPart(p["name"], p["noise_multiplier"], p["sample_rate"], p["steps"], mechanism=p["mechanism"])
+             for p in ex["parts"]]
+    delta = ex["target"]["delta"]
+    rdp = compose_rdp(parts, delta)
+    assert rdp == pytest.approx(ex["epsilon"]["rdp"], rel=2e-3) and rdp <= ex["target"]["epsilon"]
+    assert compose_prv(parts, delta) == pytest.approx(ex["epsilon"]["prv"], abs=0.01)
+    for p, shown in zip(parts, ex["parts"]):
+        assert compose_rdp([p], delta) == pytest.approx(shown["epsilon"], rel=2e-3)
+
+
 def test_tour_is_not_empty():
     cmds = tour_commands()
     assert any("--n-d adaptive" in c for c in cmds) and any(c.startswith("bench privacy") for c in cmds)
@@ -87,6 +109,16 @@ def test_readme_command(command, cli_runner, tour, monkeypatch, tmp_path):
         code, out, err = _wait(procs[command])
         assert code == 0, (command, out, err)
         assert "epsilon: target" in out and "gen2real_cnn" in out
+        if command == tour_commands()[0]:  # the run the README's privacy.json example comes from
+            (run,) = [c.parent for c in tour_results.rglob("config.json")
+                      if json.loads(c.read_text())["epsilon"] == 1.0]
+            got, shown = json.loads((run / "privacy.json").read_text()), readme_privacy_example()
+            assert got["target"] == shown["target"] and got["caveat"] == shown["caveat"]
+            for g, e in zip(got["parts"], shown["parts"], strict=True):
+                assert (g["name"], g["mechanism"], g["steps"]) == (e["name"], e["mechanism"], e["steps"])
+                for key in ("noise_multiplier", "sample_rate", "epsilon"):
+                    assert g[key] == pytest.approx(e[key], rel=1e-3), key
+            assert got["epsilon"]["rdp"] == pytest.approx(shown["epsilon"]["rdp"], rel=1e-3)
         return
     monkeypatch.chdir(tmp_path)
     if args[0] == "report":  # reads the tour's runs, once they have finished

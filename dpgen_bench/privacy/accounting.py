@@ -1,11 +1,23 @@
-"""Accounting for (Poisson-subsampled) Gaussian mechanisms.
+"""Accounting for subsampled Gaussian mechanisms, two kinds (``PrivacyPart.mechanism``):
 
-- RDP (Mironov et al. 2019) through Opacus' ``RDPAccountant``: the number compared with
-  the target, as in the papers (Private GANs §3, "by default we use the former").
-- PRV (Gopi et al. 2021) through ``prv_accountant``: reported beside it; we report the
-  upper bound of its (lower, estimate, upper) triple.
-- Noise is calibrated with Opacus' ``get_noise_multiplier`` and then re-checked, because
-  calibration has overshot ε in the past.
+- ``subsampled_gaussian`` (``POISSON``): Poisson subsampling, add/remove neighbours
+  (DPSGD). RDP (Mironov et al. 2019) through Opacus' ``RDPAccountant`` and its RDP → (ε, δ)
+  conversion: the number compared with the target, as in the papers (Private GANs §3, "by
+  default we use the former"). PRV (Gopi et al. 2021) through ``prv_accountant`` is
+  reported beside it (the upper bound of its (lower, estimate, upper) triple).
+- ``subsampled_gaussian_wor`` (``WOR``): the mixture (1−q)·P0 + q·A versus
+  (1−q)·P0 + q·A′ of sampling *without replacement* (GS-WGAN's choice of one of K
+  discriminators, q = 1/K). Neither side is P0 alone, so Opacus' Poisson bound does not
+  apply; we use Theorem 9 of Wang, Balle, Kasiviswanathan, "Subsampled Rényi Differential
+  Privacy and Analytical Moments Accountant" (AISTATS 2019), the bound autodp's
+  ``anaRDPacct.compose_subsampled_mechanism`` implements and GS-WGAN's
+  ``privacy_analysis.py`` calls, at integer orders, with the classical conversion
+  ε = min_α RDP(α) + log(1/δ)/(α−1) that autodp's ``get_eps`` uses (so our ε is never
+  below autodp's: its order search is finer, ours is the integer grid). prv-accountant
+  has no such mechanism: PRV ε is "n/a" for runs with a WOR part. The argument for why the
+  theorem fits GS-WGAN and DP-GAN-DPAC is in docs/privacy.md.
+
+Noise is calibrated from the target and the result re-checked with the same composition.
 """
 
 from __future__ import annotations
@@ -15,30 +27,93 @@ import math
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
 from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp
 from opacus.accountants.utils import get_noise_multiplier
+from scipy.special import gammaln, logsumexp
 
 from ..api import PrivacyPart
 from ..errors import UserError
 
 # RDP orders: Opacus' defaults plus a denser low range, which matters for large ε.
 _ORDERS = sorted(set([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256, 512, 1024]))
+# Theorem 9 of Wang et al. holds at integer orders: compositions with a WOR part use these.
+_INT_ORDERS = np.array(list(range(2, 257)) + [320, 384, 512, 768, 1024])
+
+POISSON = "subsampled_gaussian"
+WOR = "subsampled_gaussian_wor"
+MECHANISMS = (POISSON, WOR)
+# autodp's continuous order search lands within ~1e-6 (relative) of our integer-order ε,
+# above or below: WOR calibration aims this far under the target so that autodp's ε of the
+# part we print is ≤ the target too.
+_WOR_MARGIN = 1e-4
 
 
 def _history(parts: Sequence[PrivacyPart]) -> list[tuple[float, float, int]]:
     return [(p.noise_multiplier, p.sample_rate, int(p.steps)) for p in parts if p.steps > 0]
 
 
+def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders) -> np.ndarray:
+    """RDP ε'(α) of one Gaussian mechanism (noise multiplier σ: ε(α) = α/(2σ²)) under
+    sampling without replacement at rate γ, at integer orders α ≥ 2 (Wang, Balle,
+    Kasiviswanathan 2019, Theorem 9, with ε(∞) = ∞ for the Gaussian)::
+
+        ε'(α) = min{ ε(α), 1/(α−1) · log(1 + γ²·C(α,2)·min{4(e^{ε(2)}−1), 2e^{ε(2)}}
+                                        + Σ_{j=3..α} 2·γ^j·C(α,j)·e^{(j−1)ε(j)}) }
+    """
+    orders = np.asarray(orders)
+    if np.any(orders < 2) or np.any(orders != np.round(orders)):
+        raise ValueError("Theorem 9 of Wang et al. needs integer orders ≥ 2")
+    sigma2 = float(noise_multiplier) ** 2
+    if sigma2 == 0:
+        return np.full(len(orders), np.inf)
+
+    def eps(a):
+        return a / (2 * sigma2)
+
+    if sample_rate >= 1.0:
+        return eps(orders.astype(float))
+    log_q = math.log(sample_rate)
+    e2 = eps(2.0)
+    j2 = min(math.log(4) + e2 + math.log(-math.expm1(-e2)), math.log(2) + e2)
+    out = np.empty(len(orders))
+    for i, a in enumerate(orders.astype(int)):
+        log_comb = gammaln(a + 1) - gammaln(np.arange(a + 1) + 1) - gammaln(a - np.arange(a + 1) + 1)
+        j = np.arange(3, a + 1, dtype=float)
+        terms = np.concatenate([[0.0, 2 * log_q + log_comb[2] + j2],
+                                math.log(2) + (j - 1) * eps(j) + j * log_q + log_comb[3:]])
+        out[i] = min(eps(float(a)), logsumexp(terms) / (a - 1))
+    return out
+
+
+def rdp_curve(part: PrivacyPart, orders) -> np.ndarray:
+    """RDP of ``part`` (all its steps composed) at ``orders``."""
+    if part.mechanism == POISSON:
+        return np.asarray(compute_rdp(q=part.sample_rate, noise_multiplier=part.noise_multiplier,
+                                      steps=int(part.steps), orders=list(orders)), dtype=float)
+    if part.mechanism == WOR:
+        return int(part.steps) * rdp_wor_gaussian(part.sample_rate, part.noise_multiplier, orders)
+    raise ValueError(f"unknown mechanism '{part.mechanism}' (known: {', '.join(MECHANISMS)})")
+
+
 def compose_rdp(parts: Sequence[PrivacyPart], delta: float) -> float:
-    """ε of all parts composed (RDP, converted at ``delta``)."""
-    history = _history(parts)
-    if not history:
+    """ε of all parts composed (RDP, converted at ``delta``).
+
+    All-Poisson compositions: Opacus' accountant over ``_ORDERS`` and its conversion
+    (Balle et al. 2020), unchanged from the DPSGD papers. With any WOR part: the RDP curves
+    add at integer orders and the classical conversion is used, as autodp does."""
+    live = [p for p in parts if p.steps > 0]
+    if not live:
         return 0.0
-    acc = RDPAccountant()
-    acc.history = history
-    with warnings.catch_warnings():  # "optimal order is the largest alpha": only for tiny ε
-        warnings.simplefilter("ignore", UserWarning)
-        return float(acc.get_epsilon(delta=delta, alphas=_ORDERS))
+    if all(p.mechanism == POISSON for p in live):
+        acc = RDPAccountant()
+        acc.history = _history(live)
+        with warnings.catch_warnings():  # "optimal order is the largest alpha": only for tiny ε
+            warnings.simplefilter("ignore", UserWarning)
+            return float(acc.get_epsilon(delta=delta, alphas=_ORDERS))
+    rdp = sum(rdp_curve(p, _INT_ORDERS) for p in live)
+    return float(np.min(rdp + math.log(1 / delta) / (_INT_ORDERS - 1)))
 
 
 def part_epsilon(part: PrivacyPart, delta: float) -> float:
@@ -88,6 +163,9 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     """
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
+    if any(p.mechanism != POISSON for p in parts if p.steps > 0):
+        logging.getLogger("dpgen_bench").debug("PRV n/a: prv-accountant has no sampling without replacement")
+        return float("nan")
     history = _history(parts)
     if not history:
         return 0.0
@@ -110,33 +188,53 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     return float(upper)
 
 
-def calibrate_noise(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int) -> float:
+def calibrate_noise(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                    mechanism: str = POISSON) -> float:
     """Smallest noise multiplier (to ~0.5% of ε) whose RDP ε after ``steps`` is ≤ target."""
     _check_target(target_epsilon, target_delta)
     tolerance = max(1e-4, 0.005 * target_epsilon)
-    sigma = get_noise_multiplier(
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        sample_rate=sample_rate,
-        steps=steps,
-        accountant="rdp",
-        epsilon_tolerance=tolerance,
-        alphas=_ORDERS,
-    )
-    spent = compose_rdp([PrivacyPart("check", sigma, sample_rate, steps)], target_delta)
+    if mechanism == WOR:
+        target_epsilon *= 1 - _WOR_MARGIN
+
+    def eps(sigma: float) -> float:
+        return compose_rdp([PrivacyPart("check", sigma, sample_rate, steps, mechanism=mechanism)], target_delta)
+
+    if mechanism == POISSON:
+        sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                     sample_rate=sample_rate, steps=steps, accountant="rdp",
+                                     epsilon_tolerance=tolerance, alphas=_ORDERS)
+    else:  # bisection on σ; ε is decreasing in σ
+        lo, hi = 0.0, 1.0
+        while eps(hi) > target_epsilon:
+            lo, hi = hi, 2 * hi
+            if hi > 1e6:
+                raise ValueError("The privacy budget is too low.")
+        while True:
+            mid = (lo + hi) / 2
+            if eps(mid) > target_epsilon:
+                lo = mid
+            else:
+                hi = mid
+            if target_epsilon - eps(hi) <= tolerance or hi - lo < 1e-9:
+                break
+        sigma = hi
+    spent = eps(sigma)
     if spent > target_epsilon:  # never trust a calibration blindly
         raise AssertionError(f"noise calibration overshot: ε={spent} > {target_epsilon}")
     return float(sigma)
 
 
 def steps_for_budget(*, target_epsilon: float, target_delta: float, sample_rate: float, noise_multiplier: float,
-                     max_steps: int = 10_000_000) -> int:
+                     max_steps: int = 10_000_000, mechanism: str = POISSON) -> int:
     """Largest number of steps whose RDP ε at this noise is ≤ target ("train until the
     budget is spent"). 0 when even one step exceeds it."""
     _check_target(target_epsilon, target_delta)
+    if mechanism == WOR:
+        target_epsilon *= 1 - _WOR_MARGIN
 
     def eps(t: int) -> float:
-        return compose_rdp([PrivacyPart("check", noise_multiplier, sample_rate, t)], target_delta)
+        return compose_rdp([PrivacyPart("check", noise_multiplier, sample_rate, t, mechanism=mechanism)],
+                           target_delta)
 
     if eps(1) > target_epsilon:
         return 0

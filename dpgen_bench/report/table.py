@@ -67,7 +67,7 @@ def identity(cfg: dict, priv: dict) -> dict:
     skip = _bookkeeping(cfg["method"])
     hp = {k: v for k, v in (cfg.get("hparams") or {}).items() if k not in skip}
     return {"preset": cfg.get("preset"), "delta": float(priv["target"]["delta"]),
-            "samples_per_class": cfg.get("samples_per_class"), **hp}
+            "samples_per_class": cfg.get("samples_per_class"), "eval_split": cfg.get("eval_split", "test"), **hp}
 
 
 def record_rows(rec: dict, run_id: str) -> list[dict]:
@@ -96,8 +96,8 @@ def variant_labels(variants: dict[str, dict]) -> dict[str, str]:
     """For the identities of one method's configurations on one dataset: the settings
     that tell each apart ("n_d=adaptive"; "" when there is one configuration). When the
     presets differ, settings a preset fixes are not repeated: "preset=paper" says them."""
-    if len(variants) < 2:
-        return dict.fromkeys(variants, "")
+    if len(variants) < 2:  # one configuration: its plain name, unless it was evaluated on the validation split
+        return {v: "eval_split=val" if ident.get("eval_split") == "val" else "" for v, ident in variants.items()}
     keys: list[str] = []
     for ident in variants.values():
         keys += [k for k in ident if k not in keys]
@@ -112,6 +112,8 @@ def variant_labels(variants: dict[str, dict]) -> dict[str, str]:
         for v in variants:
             by_preset.setdefault(vals[v]["preset"], []).append(v)
         differ = ["preset"] + [k for k in differ if k != "preset" and any(varies(k, g) for g in by_preset.values())]
+    if "eval_split" not in differ:  # all on val: still say so (never read as test numbers)
+        differ += ["eval_split"] if any(vals[v].get("eval_split") == "val" for v in variants) else []
     return {v: ", ".join(f"{k}={vals[v][k]}" for k in differ) for v in variants}
 
 

@@ -75,10 +75,12 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
 - Privacy: the "sound" mode above (default). Both modes calibrate the three parts
   with Opacus' RDP accountant for Poisson sampling (the paper cites Wang et al.'s bound for
   sampling without replacement, Theorem 3 / Eq. (5)); the ledger reports RDP and PRV.
-- Budget: each part is calibrated at (εk, δ) with the full δ and Σεk = ε (§6.1 reads
-  εk additively); RDP composition of the three is then ≤ ε (``budget.py`` proves it) and
-  in practice below ε. ``fill_budget=true`` scales all εk up by one common factor until
-  the composition reaches ε (off by default, as the paper splits additively).
+- Budget: the split is read as shares of ε. Under one shared budget every method must
+  spend it, so by default (``fill_budget=true``) all εk are scaled by one common factor
+  until the RDP composition of the three parts reaches ε (≥ 99% of it). The paper's
+  reading (§6.1) is additive: each part calibrated at (εk, δ) with Σεk = ε, whose
+  composition is ≤ ε but well below it (0.816 at ε = 1 on digits); ``fill_budget=false``
+  runs that reading (``budget.py`` proves it stays ≤ ε).
 - ε1 = 0 is accepted (no phase 1, conv1 random N(0, 0.02) as in §6.2.4 / Table 4).
 - DPAGG is also applied to the fake batch's aggregate (same noise), since it is a layer
   of D (§5.2.2): otherwise D could tell real from fake by the noise alone. The real one

@@ -53,7 +53,7 @@ class DPAFHparams:
     n_critic: int = 1  # G step every n_critic batches (Table 16: best at ε=10 with μ=8)
     # Privacy (§6.1 budget notations; §5.4 Theorem 5).
     budget_split: str = "0.1,x,0.1"  # (ε1, ×, ε3) absolute or (x1%, x2%, x3%)
-    fill_budget: bool = False  # scale the shares up until the RDP composition reaches ε
+    fill_budget: bool = True  # scale the shares up until the RDP composition reaches ε (false: the paper's additive reading)
     max_grad_norm: float = 1.0  # u1 = u2, DPSGD clipping norm of conv1 and conv2*
     gc: bool = True  # gradient compression of per-sample gradients (§6.2.8, Table 12)
     gc_keep: float = 0.9  # fraction of each per-sample gradient kept (top by magnitude)

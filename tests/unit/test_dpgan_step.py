@@ -177,3 +177,21 @@ def test_max_physical_batch_must_hold_two_rows():
 
     with pytest.raises(ValueError, match="max_physical_batch"):
         DPGANHparams(max_physical_batch=1)
+
+
+@pytest.mark.parametrize("eps,threshold", [(1.0, 0.7), (10.0, 0.6)])
+def test_threshold_by_epsilon_reaches_the_scheduler(eps, threshold):
+    from fake_context import FakeContext
+
+    from dpgen_bench.api import Budget, DataInfo, Split
+    from dpgen_bench.privacy.ledger import PrivacyLedger
+
+    from methods.dpgan import DPGAN, DPGANHparams
+
+    h = DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8, steps=4, n_d="adaptive",
+                     threshold_by_epsilon="1:0.7,10:0.6")
+    m = DPGAN(h, DataInfo("t", SHAPE, 10, 100))
+    budget = Budget(eps)
+    ctx = FakeContext(PrivacyLedger(budget, m.plan(budget)))
+    m.fit(Split(torch.rand(100, *SHAPE) * 2 - 1, torch.randint(0, 10, (100,))), budget, ctx)
+    assert m.scheduler.threshold == threshold

@@ -14,6 +14,7 @@ from dpgen_bench.api import Budget, DataInfo, PrivacyPart, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.privacy import compose_rdp
+from dpgen_bench.privacy.accounting import WOR
 from dpgen_bench.privacy.ledger import PrivacyLedger
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 from methods.dpac import DPAC, AuxiliaryClassifier, DPACHparams
@@ -247,7 +248,8 @@ def test_plan_rate_is_one_over_K_and_hook_noise_is_2_sqrt_B_sigma():
     assert part.name == "generator_gradient" and part.sample_rate == pytest.approx(1 / 3)
     assert part.noise_multiplier == 0.8 and part.steps > 0
     assert compose_rdp([part], 1e-5) <= 10.0
-    assert compose_rdp([PrivacyPart("x", 0.8, 1 / 3, part.steps + 1)], 1e-5) > 10.0  # budget used up
+    assert part.mechanism == WOR  # sampling without replacement (one of K), not Poisson
+    assert compose_rdp([PrivacyPart("x", 0.8, 1 / 3, part.steps + 1, mechanism=WOR)], 1e-5) > 10.0  # used up
     assert m.hook_noise_multiplier(0.8) == pytest.approx(2 * math.sqrt(8) * 0.8)
 
 
@@ -261,12 +263,12 @@ def test_quick_preset_calibrates_to_the_target(cls, eps):
 
 
 def test_gswgan_paper_sigma_does_not_meet_eps10_when_the_batch_shares_one_sampling_event():
-    """GS-WGAN's σ = 1.07 (noise 2·1.07·C per example, K = 1000, B = 32, T = 20,000) is ε ≈ 4.5
-    by its own accounting (T·B separately amplified mechanisms; autodp reports ≈ 10) but far
-    above 10 when the B examples of a step are one mechanism, as here."""
-    own = compose_rdp([PrivacyPart("own", 1.07, 1e-3, 20_000 * 32)], 1e-5)
-    joint = compose_rdp([PrivacyPart("joint", 1.07 / math.sqrt(32), 1e-3, 20_000)], 1e-5)
-    assert own < 10 < joint
+    """GS-WGAN's σ = 1.07 (noise 2·1.07·C per example, K = 1000, B = 32, T = 20,000) is ε = 9.99
+    by its own accounting (T·B separately amplified mechanisms, autodp's bound) but far above
+    10 when the B examples of a step are one mechanism, as here."""
+    own = compose_rdp([PrivacyPart("own", 1.07, 1e-3, 20_000 * 32, mechanism=WOR)], 1e-5)
+    joint = compose_rdp([PrivacyPart("joint", 1.07 / math.sqrt(32), 1e-3, 20_000, mechanism=WOR)], 1e-5)
+    assert own == pytest.approx(9.99, abs=0.01) and joint > 1000
 
 
 def test_too_many_discriminators_is_a_user_error():
@@ -280,17 +282,20 @@ def test_too_many_discriminators_is_a_user_error():
 def test_paper_mode_is_gswgan_accounting_with_a_caveat():
     """privacy_mode=paper: B compositions per generator step at rate 1/K with noise
     multiplier σ and hook noise 2σ·C (GS-WGAN's privacy_analysis.py and dp_conv_hook);
-    the paper's setting σ = 1.07, T = 20,000, B = 32, K = 1,000 then meets ε = 10 (≈ 4.5)."""
+    the paper's setting σ = 1.07, T = 20,000, B = 32, K = 1,000 then is ε = 9.99, autodp's number."""
     paper = dict(num_discriminators=1000, batch_size=32, steps=None, noise_multiplier=1.07, privacy_mode="paper")
     info = DataInfo("mnist", (1, 28, 28), 10, 60_000)
     m = GSWGAN(GSWGANHparams(**paper), info)
     (part,) = m.plan(Budget(10.0))
     assert part.noise_multiplier == 1.07 and part.sample_rate == pytest.approx(1e-3)
-    assert part.steps % 32 == 0 and part.steps // 32 > 20_000  # σ = 1.07 allows more than the paper's T
+    assert part.mechanism == WOR and part.steps % 32 == 0
+    assert 20_000 <= part.steps // 32 < 20_200  # σ = 1.07 is the paper's ε = 10 at T = 20,000
     assert m.hook_noise_multiplier(1.07) == pytest.approx(2 * 1.07) and m.compositions_per_step == 32
     fixed = GSWGAN(GSWGANHparams(**dict(paper, steps=20_000)), info)
     (part,) = fixed.plan(Budget(10.0))
-    assert part.steps == 20_000 * 32 and compose_rdp([part], 1e-5) == pytest.approx(4.45, abs=0.01)
+    assert part.steps == 20_000 * 32 and compose_rdp([part], 1e-5) == pytest.approx(9.99, abs=0.01)
+    (calibrated,) = GSWGAN(GSWGANHparams(**dict(paper, steps=20_000, noise_multiplier=None)), info).plan(Budget(10.0))
+    assert calibrated.noise_multiplier == pytest.approx(1.07, abs=0.005)  # --eps 10 gives the paper's σ
     assert "not a DP guarantee" in fixed.accounting_caveat()
     sound = GSWGAN(GSWGANHparams(**dict(paper, privacy_mode="sound")), info)
     assert sound.accounting_caveat() is None and sound.compositions_per_step == 1
@@ -311,7 +316,4 @@ def test_paper_mode_charges_B_per_generator_step_and_takes_T_steps(cls):
     report = m.fit(train, budget, ctx)
     assert ledger.taken["generator_gradient"] == part.steps  # T generator steps × B
     assert max(r["step"] for r in ctx.records if "step" in r) == TINY["steps"]
-    assert report.epsilon_rdp <= 10.0
-    sound = cls(cls.Hparams(**TINY, **extra), DataInfo("digits", SHAPE, 10, 60))
-    # at one target the sound plan adds more noise to the images' gradients than GS-WGAN's accounting
-    assert sound.hook_noise_multiplier(sound.plan(budget)[0].noise_multiplier) > m.hook_noise_multiplier(sigma)
+    assert report.epsilon_rdp <= 10.0 and m.hook_noise_multiplier(sigma) == pytest.approx(2 * sigma)

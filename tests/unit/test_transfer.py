@@ -36,3 +36,29 @@ def test_unconditional_generator_is_not_applicable(digits):
     ev = registry.evaluators.get("gen2real_cnn")()
     out = ev.evaluate(EvalInput(digits, digits.test.images, None, None, torch.device("cpu"), seed=0))
     assert out["metrics"] == {} and "skipped" in out["protocol"]
+
+
+def test_stratified_cap_keeps_every_class_share():
+    from evaluators.transfer import stratified_cap
+
+    labels = torch.arange(10).repeat_interleave(torch.tensor([6000] * 9 + [3000]))  # class-sorted
+    keep = stratified_cap(labels, 10_000, 10, seed=0)
+    counts = torch.bincount(labels[keep], minlength=10).tolist()
+    assert len(keep) == 10_000 and len(set(keep.tolist())) == 10_000
+    assert all(abs(c - 6000 * 10_000 / 57_000) < 1 for c in counts[:9])  # 1052.6 each
+    assert abs(counts[9] - 3000 * 10_000 / 57_000) < 1  # 526.3
+    assert torch.equal(keep, stratified_cap(labels, 10_000, 10, seed=0))  # seeded
+    assert torch.equal(stratified_cap(labels[:50], 100, 10, seed=0), torch.arange(50))  # under the cap: all
+
+
+@pytest.mark.parametrize("name", ["real2gen_cnn", "real2gen_mlp"])
+def test_real2gen_on_a_class_sorted_set_tests_every_class(digits, name, monkeypatch):
+    """A class-sorted synthetic set larger than the cap (as gswgan's 6,000 per class on
+    MNIST) is tested on every class, not on the first classes only."""
+    monkeypatch.setattr("evaluators.transfer.MAX_REAL2GEN_TEST", 200)
+    order = torch.argsort(digits.train.labels, stable=True)
+    x, y = digits.train.images[order], digits.train.labels[order]
+    out = registry.evaluators.get(name)().evaluate(EvalInput(digits, x, y, None, torch.device("cpu"), seed=0))
+    per = out["protocol"]["per_class"]
+    assert sum(per) == 200 and len(per) == 10 and min(per) >= 18
+    assert out["protocol"]["test_on"] == "synthetic (200)"
