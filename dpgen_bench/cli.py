@@ -102,7 +102,7 @@ def _run_options(f):
         click.option("--seed", type=int, default=None, help="Seed [default: 0]."),
         click.option("--data-root", default=None,
                      help="Root of local dataset files (else $DPGEN_DATA, else ~/.cache/dpgen_bench/data)."),
-        click.option("--eval-split", "eval_split", type=click.Choice(["test", "val"]), default=None,
+        click.option("--eval-split", "eval_split", type=click.Choice(EVAL_SPLITS), default=None,
                      help="Evaluate on the real test split, or train on the training split minus a fixed "
                           "stratified 15% validation part and evaluate on that (for choosing settings) "
                           "[default: test]."),
@@ -414,7 +414,7 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
 @click.option("--preset", default=None, help="Preset [default: quick].")
 @click.option("--members", default=None, help="Comma-separated member-set sizes (membership inference).")
 @click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: each preset's].")
-@click.option("--eval-split", "eval_split", type=click.Choice(["test", "val"]), default=None,
+@click.option("--eval-split", "eval_split", type=click.Choice(EVAL_SPLITS), default=None,
               help="Evaluate every cell on the test split or on the validation part [default: test].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a method setting in every cell.")
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")

@@ -155,9 +155,7 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     device = resolve_device(config.device)
     from .data import load_dataset
 
-    data = load_dataset(config.dataset, root=data_root)
-    if config.eval_split == "val":
-        data = data.with_validation()
+    data = load_dataset(config.dataset, config.eval_split, root=data_root)
     if config.members is not None:
         if not (1 <= config.members <= min(len(data.train), len(data.test))):
             raise UserError(f"--members must be between 1 and {min(len(data.train), len(data.test))} for "
@@ -446,9 +444,7 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
         registry.evaluators.get(name)
     from .data import load_dataset
 
-    data = load_dataset(cfg.dataset, root=data_root)
-    if cfg.eval_split == "val":
-        data = data.with_validation()
+    data = load_dataset(cfg.dataset, cfg.eval_split, root=data_root)
     if (run_dir / "membership.npz").is_file():
         m = np.load(run_dir / "membership.npz")
         data = dataclasses.replace(data, train=data.train.subset(m["member_indices"]),

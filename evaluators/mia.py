@@ -169,9 +169,8 @@ def reference_generator(run: EvalInput) -> Method:
     from methods.gan import GAN
 
     data = run.data
-    full = load_dataset(data.name, root=run.options.get("data_root"))
-    if data.eval_split == "val":  # member indices are into the training split minus the validation part
-        full = full.with_validation()
+    # member indices are into the training split the run used (minus the validation part under val)
+    full = load_dataset(data.name, data.eval_split, root=run.options.get("data_root"))
     keep = np.setdiff1d(np.arange(len(full.train)), data.member_indices)
     steps = int(_opt(run, "mia_reference_steps"))
     try:

@@ -6,6 +6,8 @@ from ..api import ImageData
 from ..registry import datasets
 
 
-def load_dataset(name: str, **kwargs) -> ImageData:
-    loader = datasets.get(name)
-    return loader(**kwargs)
+def load_dataset(name: str, eval_split: str = "test", **kwargs) -> ImageData:
+    """The dataset ``name``; with ``eval_split="val"``, its training split minus the fixed
+    validation part, which then stands in for the test split (``ImageData.with_validation``)."""
+    data = datasets.get(name)(**kwargs)
+    return data.with_validation() if eval_split == "val" else data

@@ -50,6 +50,11 @@ MECHANISMS = (POISSON, WOR)
 _WOR_MARGIN = 1e-4
 
 
+def _aim(target_epsilon: float, mechanism: str) -> float:
+    """The ε a calibration aims at: the target, or just under it for WOR (``_WOR_MARGIN``)."""
+    return target_epsilon * (1 - _WOR_MARGIN) if mechanism == WOR else target_epsilon
+
+
 def _history(parts: Sequence[PrivacyPart]) -> list[tuple[float, float, int]]:
     return [(p.noise_multiplier, p.sample_rate, int(p.steps)) for p in parts if p.steps > 0]
 
@@ -77,9 +82,10 @@ def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders) -> np.
     log_q = math.log(sample_rate)
     e2 = eps(2.0)
     j2 = min(math.log(4) + e2 + math.log(-math.expm1(-e2)), math.log(2) + e2)
+    log_fact = gammaln(np.arange(int(orders.max()) + 1) + 1.0)  # log k!, once for every order
     out = np.empty(len(orders))
     for i, a in enumerate(orders.astype(int)):
-        log_comb = gammaln(a + 1) - gammaln(np.arange(a + 1) + 1) - gammaln(a - np.arange(a + 1) + 1)
+        log_comb = log_fact[a] - log_fact[:a + 1] - log_fact[a::-1]  # log C(a, j), j = 0..a
         j = np.arange(3, a + 1, dtype=float)
         terms = np.concatenate([[0.0, 2 * log_q + log_comb[2] + j2],
                                 math.log(2) + (j - 1) * eps(j) + j * log_q + log_comb[3:]])
@@ -193,8 +199,7 @@ def calibrate_noise(*, target_epsilon: float, target_delta: float, sample_rate: 
     """Smallest noise multiplier (to ~0.5% of ε) whose RDP ε after ``steps`` is ≤ target."""
     _check_target(target_epsilon, target_delta)
     tolerance = max(1e-4, 0.005 * target_epsilon)
-    if mechanism == WOR:
-        target_epsilon *= 1 - _WOR_MARGIN
+    target_epsilon = _aim(target_epsilon, mechanism)
 
     def eps(sigma: float) -> float:
         return compose_rdp([PrivacyPart("check", sigma, sample_rate, steps, mechanism=mechanism)], target_delta)
@@ -203,20 +208,21 @@ def calibrate_noise(*, target_epsilon: float, target_delta: float, sample_rate: 
         sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
                                      sample_rate=sample_rate, steps=steps, accountant="rdp",
                                      epsilon_tolerance=tolerance, alphas=_ORDERS)
-    else:  # bisection on σ; ε is decreasing in σ
+    else:  # bisection on σ; ε is decreasing in σ. Invariant: eps(hi) = eps_hi ≤ target < eps(lo)
         lo, hi = 0.0, 1.0
-        while eps(hi) > target_epsilon:
+        eps_hi = eps(hi)
+        while eps_hi > target_epsilon:
             lo, hi = hi, 2 * hi
             if hi > 1e6:
                 raise ValueError("The privacy budget is too low.")
-        while True:
+            eps_hi = eps(hi)
+        while target_epsilon - eps_hi > tolerance and hi - lo >= 1e-9:
             mid = (lo + hi) / 2
-            if eps(mid) > target_epsilon:
+            eps_mid = eps(mid)
+            if eps_mid > target_epsilon:
                 lo = mid
             else:
-                hi = mid
-            if target_epsilon - eps(hi) <= tolerance or hi - lo < 1e-9:
-                break
+                hi, eps_hi = mid, eps_mid
         sigma = hi
     spent = eps(sigma)
     if spent > target_epsilon:  # never trust a calibration blindly
@@ -229,8 +235,7 @@ def steps_for_budget(*, target_epsilon: float, target_delta: float, sample_rate:
     """Largest number of steps whose RDP ε at this noise is ≤ target ("train until the
     budget is spent"). 0 when even one step exceeds it."""
     _check_target(target_epsilon, target_delta)
-    if mechanism == WOR:
-        target_epsilon *= 1 - _WOR_MARGIN
+    target_epsilon = _aim(target_epsilon, mechanism)
 
     def eps(t: int) -> float:
         return compose_rdp([PrivacyPart("check", noise_multiplier, sample_rate, t, mechanism=mechanism)],

@@ -95,9 +95,8 @@ def _fmt_setting(v) -> str:
 def variant_labels(variants: dict[str, dict]) -> dict[str, str]:
     """For the identities of one method's configurations on one dataset: the settings
     that tell each apart ("n_d=adaptive"; "" when there is one configuration). When the
-    presets differ, settings a preset fixes are not repeated: "preset=paper" says them."""
-    if len(variants) < 2:  # one configuration: its plain name, unless it was evaluated on the validation split
-        return {v: "eval_split=val" if ident.get("eval_split") == "val" else "" for v, ident in variants.items()}
+    presets differ, settings a preset fixes are not repeated: "preset=paper" says them.
+    A configuration evaluated on the validation split always says so."""
     keys: list[str] = []
     for ident in variants.values():
         keys += [k for k in ident if k not in keys]
