@@ -5,8 +5,9 @@
 Writes ``--n`` fake 178x218 JPEGs (smooth random colour fields plus noise, quality 95:
 about the size and decode cost of the real aligned CelebA files) in torchvision's layout,
 with CelebA's partition proportions (80.3 % train, 9.8 % valid, 9.9 % test) and random
-attributes, in a temporary directory (or ``--dir``). Then each phase runs in a fresh
-subprocess so that its peak memory is its own:
+attributes, in a temporary directory (or ``--dir``). The loads run with ``$DPGEN_CACHE``
+= ``<dir>/.dpgen_cache``, so the cache (``<dir>/.dpgen_cache/datasets``) goes with that
+directory. Then each phase runs in a fresh subprocess so that its peak memory is its own:
 
 1. ``build``: ``celeba-gender`` at ``--size`` with an empty cache (decode every JPEG
    into the uint8 cache, then the float32 split; float32 kept in memory when under 2 GiB);
@@ -43,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+CACHE_ROOT = ".dpgen_cache"  # $DPGEN_CACHE of the measured loads, inside the benchmark's directory
 sys.path.insert(0, str(ROOT))
 
 ATTRS = (
@@ -207,7 +209,8 @@ def phase(args: argparse.Namespace) -> None:
 def run_phase(root: Path, size: int, workers: int, in_memory: str) -> dict:
     cmd = [sys.executable, __file__, "--phase", "--root", str(root), "--size", str(size), "--workers",
            str(workers), "--in-memory", in_memory]
-    env = {k: v for k, v in os.environ.items() if k not in ("DPGEN_CACHE", "DPGEN_DATA_IN_MEMORY_GB")}
+    env = {k: v for k, v in os.environ.items() if k != "DPGEN_DATA_IN_MEMORY_GB"}
+    env["DPGEN_CACHE"] = str(root / CACHE_ROOT)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -233,7 +236,7 @@ def main() -> None:
         if not (root / "celeba" / "list_eval_partition.txt").is_file():
             gen = make_fake_celeba(root, args.n, workers)
             print(f"generated {args.n} fake CelebA JPEGs in {root} in {gen:.1f} s", file=sys.stderr, flush=True)
-        shutil.rmtree(root / ".dpgen_cache", ignore_errors=True)
+        shutil.rmtree(root / CACHE_ROOT, ignore_errors=True)
         rows = [("build (empty cache)", run_phase(root, args.size, workers, "auto"))]
         rows.append(("second load", run_phase(root, args.size, workers, "auto")))
         if args.auto_only:
@@ -243,7 +246,7 @@ def main() -> None:
             rows.append(("second load (forced memory-mapped float32)", run_phase(root, args.size, workers, "0")))
         else:
             rows.append(("second load (forced in-memory float32)", run_phase(root, args.size, workers, "1")))
-        cache_mib = sum(f.stat().st_size for f in (root / ".dpgen_cache").glob("*.npy")) / 2**20
+        cache_mib = sum(f.stat().st_size for f in (root / CACHE_ROOT / "datasets").glob("*.npy")) / 2**20
         jpg_mib = sum(f.stat().st_size for f in (root / "celeba" / "img_align_celeba").iterdir()) / 2**20
         r0 = rows[0][1]
         print(f"\nafter imports (torch): private RSS {r0['anon_after_imports_mib']:.0f} MiB, RSS "

@@ -23,7 +23,21 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator  # noqa: E402
+from dpgen_bench.api import PrivacyPart  # noqa: E402
 from dpgen_bench.privacy.dpsgd import make_private  # noqa: E402
+
+
+class PartContext:
+    """The part ``make_private`` reads (σ given, no step limit), steps counted."""
+
+    def __init__(self, noise_multiplier: float):
+        self._part, self.spent = PrivacyPart("d", noise_multiplier, 1.0, 10**9), 0
+
+    def part(self, name):
+        return self._part
+
+    def spend(self, name, steps=1):
+        self.spent += steps
 
 CONFIGS = {  # name: (image shape, width, real batch B)
     "quick (digits 16x16, d=32, B=64)": ((1, 16, 16), 32, 64),
@@ -50,8 +64,8 @@ def bench(shape, width, batch, mode: str | None, repeats: int, device) -> float:
     opt = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
     model = D
     if mode is not None:
-        model, opt = make_private(D, opt, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=2 * batch,
-                                  grad_sample_mode=mode)
+        model, opt = make_private(D, opt, ctx=PartContext(1.0), part="d", max_grad_norm=1.0,
+                                  expected_batch_size=2 * batch, grad_sample_mode=mode)
     x = torch.rand(2 * batch, *shape, device=device) * 2 - 1
     y = torch.randint(0, 10, (2 * batch,), device=device)
     t = torch.cat([torch.ones(batch), torch.zeros(batch)]).to(device)

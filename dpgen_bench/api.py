@@ -9,14 +9,11 @@ import abc
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .privacy.ledger import PrivacyLedger
 
 
 # --------------------------------------------------------------------------- data
@@ -129,11 +126,10 @@ class DataInfo:
 
 @dataclass(frozen=True)
 class Budget:
-    """The shared privacy budget (ε, δ) and the accountant that must certify it."""
+    """The shared privacy budget (ε, δ); ε = ∞ for a non-private method."""
 
     epsilon: float
     delta: float = 1e-5
-    accountant: str = "rdp"
 
     @property
     def private(self) -> bool:
@@ -168,18 +164,23 @@ class PrivacyPart:
 
 @dataclass(frozen=True)
 class PrivacyReport:
-    private: bool
-    target_epsilon: float
-    target_delta: float
+    """The ε a run spent: its parts (with the steps taken) composed by RDP (the number
+    compared with the target) and PRV (beside it), for the target ``budget``."""
+
+    budget: Budget
     parts: tuple[PrivacyPart, ...] = ()
     epsilon_rdp: float = 0.0
     epsilon_prv: float = 0.0
     caveat: str | None = None  # set when the ε is not a DP guarantee of the run (Method.accounting_caveat)
 
+    @property
+    def private(self) -> bool:
+        return self.budget.private
+
     def to_json(self) -> dict[str, Any]:
         return {
             "private": self.private,
-            "target": {"epsilon": self.target_epsilon, "delta": self.target_delta},
+            "target": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
             "parts": [p.to_json() for p in self.parts],
             "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
             "caveat": self.caveat,
@@ -190,12 +191,41 @@ class PrivacyReport:
 
 
 class RunContext(abc.ABC):
-    """What the runner gives a method: device, seed, the privacy ledger, progress,
-    training-curve records and a checkpoint hook. Methods never print."""
+    """What the runner gives ``Method.fit``: the device, the seed, the calibrated privacy
+    parts and the count of private steps, seeded generators of randomness, progress,
+    training-curve records and checkpoints. Methods never print.
+
+    Privacy: ``part(name)`` is the part ``plan`` declared, calibrated (its noise
+    multiplier, sample rate and number of steps). ``spend(name, steps)`` counts private
+    steps *before* their output is used; a step beyond the plan raises
+    ``PrivacyViolation``. DPSGD parts need no call: the optimizer that
+    ``dpgen_bench.privacy.dpsgd.make_private`` returns counts each of its steps.
+
+    Randomness: ``generator(name, offset)`` is a ``torch.Generator`` on the run's device
+    seeded with ``seed + offset``. The context saves these and torch's global generator in
+    every checkpoint and restores them on resume (``restore``); a method's own checkpoint
+    state is its weights, optimisers and counters only.
+
+    Resumable training: at the point where a fresh run would start its loop, a method calls
+    ``restore()``: None on a fresh run, else the state it last passed to ``checkpoint``
+    (and the generators are back where they were then); ``resuming`` says which, before. Whenever ``checkpoint_due()`` is
+    true it calls ``checkpoint(state)``; the runner adds the privacy counts and the
+    generators and writes it atomically; after SIGINT/SIGTERM ``checkpoint`` then stops
+    the run cleanly.
+    """
 
     device: torch.device
     seed: int
-    ledger: "PrivacyLedger"
+    resuming: bool = False
+
+    @abc.abstractmethod
+    def part(self, name: str) -> "PrivacyPart": ...
+
+    @abc.abstractmethod
+    def spend(self, name: str, steps: int = 1) -> None: ...
+
+    @abc.abstractmethod
+    def generator(self, name: str, offset: int = 0) -> torch.Generator: ...
 
     @abc.abstractmethod
     def progress(self, total: int, desc: str): ...  # returns a tqdm-like object on stderr
@@ -208,12 +238,8 @@ class RunContext(abc.ABC):
 
         logging.getLogger("dpgen_bench").info(message)
 
-    # Resumable training: a method restores ``resume_state`` (if any) at the start of
-    # ``fit``, and calls ``checkpoint(state)`` whenever ``checkpoint_due()`` is true with
-    # everything needed to continue (weights, optimisers, RNG states, counters). The runner
-    # adds the ledger's counts and writes it atomically; on SIGINT/SIGTERM ``checkpoint``
-    # then stops the run cleanly.
-    resume_state: dict | None = None
+    def restore(self) -> dict | None:
+        return None
 
     def checkpoint_due(self) -> bool:
         return False
@@ -256,7 +282,9 @@ class Method(abc.ABC):
         the target, or steps from a fixed noise). Non-private methods return []."""
 
     @abc.abstractmethod
-    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport: ...
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
+        """Train on ``train``. Every private step goes through ``ctx.spend`` (or a DPSGD
+        optimizer from ``make_private``); the runner composes ε from that count."""
 
     @abc.abstractmethod
     def sample(self, n: int, labels: Tensor | None, rng: torch.Generator) -> tuple[Tensor, Tensor]: ...

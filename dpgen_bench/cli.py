@@ -3,37 +3,21 @@ is one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import math
 import sys
+from pathlib import Path
 
 import click
 
-from . import registry
+from . import registry, store
 from .api import EVAL_SPLITS
-from .config import DEFAULT_DELTA, RunConfig, load_config_file, parse_set, resolve_hparams
-from .errors import PrivacyViolation, UserError
+from .config import DEFAULT_DELTA, DEFAULTS_PRESET, build_config, load_config_file, parse_set
+from .errors import Interrupted, PrivacyViolation, UserError
+from .logs import setup_logging
 
 log = logging.getLogger("dpgen_bench")
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
-
-    def emit(self, record):
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-def _setup_logging(verbose: bool) -> None:
-    logger = logging.getLogger("dpgen_bench")
-    if not logger.handlers:
-        h = _StderrHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("[bench] %(message)s"))
-        logger.addHandler(h)
-    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logger.propagate = False
 
 
 class BenchGroup(click.Group):
@@ -66,24 +50,10 @@ class BenchGroup(click.Group):
 @click.option("-v", "--verbose", is_flag=True, help="More log lines on stderr.")
 def cli(verbose: bool) -> None:
     """Differentially private image generators under one shared budget."""
-    _setup_logging(verbose)
+    setup_logging(verbose)
 
 
 # ---------------------------------------------------------------------- options
-
-
-def _n_d(value: str | None):
-    if value is None:
-        return None
-    if value == "adaptive":
-        return "adaptive"
-    try:
-        n = int(value)
-    except ValueError:
-        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}") from None
-    if n < 1:
-        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}")
-    return n
 
 
 def _run_options(f):
@@ -112,64 +82,6 @@ def _run_options(f):
     return f
 
 
-def default_preset(method_cls, dataset: str) -> str:
-    """``quick`` where the method has one for this dataset (digits), else ``paper``."""
-    presets = getattr(method_cls, "presets", {})
-    for name in ("quick", "paper"):
-        if dataset in presets.get(name, {}):
-            return name
-    return "quick" if "*" in presets.get("quick", {}) else "paper" if "paper" in presets else "quick"
-
-
-def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members=None, device=None,
-                 evaluators=None, eval_split=None) -> RunConfig:
-    """CLI > --config file > preset > defaults."""
-    file_cfg = load_config_file(config_file) if config_file else {}
-    file_hp = file_cfg.pop("hparams", {}) or {}
-    known = {"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device", "evaluators",
-             "samples_per_class", "eval_split"}
-    unknown = set(file_cfg) - known
-    if unknown:
-        raise UserError(f"config file: unknown keys {sorted(unknown)}")
-    method = method or file_cfg.get("method")
-    if not method:
-        raise UserError("--method is required (bench list methods)")
-    dataset = dataset or file_cfg.get("dataset", "digits")
-    method_cls = registry.methods.get(method)
-    registry.datasets.get(dataset)
-    preset = preset or file_cfg.get("preset") or default_preset(method_cls, dataset)
-    overrides = dict(file_hp)
-    overrides.update(parse_set(sets))
-    if n_d is not None:
-        overrides["n_d"] = _n_d(n_d)
-    hp, run_level = resolve_hparams(method_cls, preset, dataset, overrides)
-    if eps is None:
-        eps = file_cfg.get("epsilon", file_cfg.get("eps"))
-    if eps is None:
-        if method_cls.private:
-            raise UserError(f"--eps is required for private method '{method}'")
-        eps = math.inf
-    if evaluators is None:
-        evaluators = file_cfg.get("evaluators", run_level.get("evaluators"))
-    kwargs = dict(
-        method=method, dataset=dataset, epsilon=float(eps),
-        delta=float(delta if delta is not None else file_cfg.get("delta", run_level.get("delta", DEFAULT_DELTA))),
-        preset=preset, seed=int(seed if seed is not None else file_cfg.get("seed", 0)),
-        members=members if members is not None else file_cfg.get("members"),
-        device=device or file_cfg.get("device", "auto"),
-        samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),
-        hparams=__import__("dataclasses").asdict(hp),
-        eval_split=eval_split or file_cfg.get("eval_split", "test"),
-    )
-    if kwargs["eval_split"] not in EVAL_SPLITS:
-        raise UserError(f"eval_split must be one of {', '.join(EVAL_SPLITS)}, got {kwargs['eval_split']!r}")
-    if evaluators is not None:
-        if isinstance(evaluators, str):
-            evaluators = [e.strip() for e in evaluators.split(",") if e.strip()]
-        kwargs["evaluators"] = tuple(evaluators)
-    return RunConfig(**kwargs)
-
-
 # ------------------------------------------------------------------------- run
 
 
@@ -189,61 +101,54 @@ def build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, se
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
         evaluators, device, out, results, dry_run, probe_seconds, resume_dir):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
-    from pathlib import Path
-
     from . import runner
 
-    if resume_dir:
-        cfg = runner.resume_config(Path(resume_dir))
-        given = (method, dataset, eps, delta, preset, n_d, config_file, seed, members, evaluators,
-                 eval_split) != (None,) * 11
-        if given or sets:
-            mine = build_config(method or cfg.method, dataset or cfg.dataset, eps, delta, preset or cfg.preset, n_d,
-                                sets, config_file, seed if seed is not None else cfg.seed, members, device,
-                                evaluators, eval_split or cfg.eval_split)
-            diff = [k for k, v in mine.to_json().items() if k != "device" and v != cfg.to_json()[k]]
-            if diff:
-                raise UserError(f"--resume {resume_dir}: the given settings differ from the run's config in "
-                                f"{', '.join(diff)}")
-        if device:  # the one setting a resume may change (the checkpoint's device type must match)
-            cfg = dataclasses.replace(cfg, device=device)
-        prepared = runner.prepare(cfg, data_root)
-        _execute(runner, prepared, Path(resume_dir), resume=True)
-        return
-    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, members, device, evaluators,
-                       eval_split)
-    prepared = runner.prepare(cfg, data_root)
-    if dry_run:
-        import json
-
-        from .privacy.ledger import planned_report
-
-        plan = planned_report(prepared.budget, prepared.planned).to_json()
-        estimate = runner.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
-        click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate},
-                              indent=2, default=str))
-        return
-    run_dir = runner.prepare_out_dir(cfg, out, results)
-    _execute(runner, prepared, run_dir)
-
-
-def _execute(runner, prepared, run_dir, resume: bool = False) -> None:
-    from .errors import Interrupted
-
-    cfg = prepared.config
-    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, cfg.method, cfg.dataset,
-             cfg.epsilon, cfg.delta, cfg.preset, prepared.device)
+    settings = dict(epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets, config_file=config_file, seed=seed,
+                    members=members, device=device, evaluators=evaluators, eval_split=eval_split)
     try:
-        result = runner.execute(prepared, run_dir, resume=resume)
-    except Interrupted:
+        if resume_dir:
+            expected = None
+            if any(v not in (None, ()) for k, v in settings.items() if k != "device") or method or dataset:
+                # what was given is compared with the run's config; what was not given is the run's
+                cfg = runner.resume_config(resume_dir)
+                expected = build_config(
+                    method or cfg.method, dataset or cfg.dataset,
+                    epsilon=eps if eps is not None else (cfg.epsilon if math.isfinite(cfg.epsilon) else None),
+                    delta=delta if delta is not None else cfg.delta, preset=preset or cfg.preset, n_d=n_d,
+                    sets=sets, hparams=None if (config_file or method or dataset or preset) else cfg.hparams,
+                    config_file=config_file, seed=seed if seed is not None else cfg.seed,
+                    members=members if members is not None else cfg.members,
+                    evaluators=evaluators if evaluators is not None else cfg.evaluators,
+                    eval_split=eval_split or cfg.eval_split)
+            result = runner.resume(resume_dir, device=device, data_root=data_root, expected=expected)
+        else:
+            cfg = build_config(method, dataset, **settings)
+            if dry_run:
+                _dry_run(runner, cfg, data_root, probe_seconds)
+                return
+            result = runner.run(cfg, out=out, results=results, data_root=data_root)
+    except Interrupted as e:
+        run_dir = getattr(e, "run_dir", resume_dir)
         click.echo(f"interrupted: checkpoint written; resume with: bench run --resume {run_dir}", err=True)
         sys.exit(130)
-    priv = result["privacy"]
-    from .privacy import fmt_eps as _fmt_eps
+    _print_result(result)
 
-    lines = [f"run_dir: {run_dir}",
-             f"epsilon: target {_fmt_eps(priv['target']['epsilon'])}, spent {_fmt_eps(float(priv['epsilon']['rdp']))} "
-             f"(RDP), {_fmt_eps(float(priv['epsilon']['prv']))} (PRV); delta {priv['target']['delta']:g}"]
+
+def _dry_run(runner, cfg, data_root, probe_seconds) -> None:
+    prepared = runner.prepare(cfg, data_root)
+    plan = prepared.ledger.planned_report().to_json()
+    estimate = runner.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
+    click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate},
+                          indent=2, default=str))
+
+
+def _print_result(result: dict) -> None:
+    from .privacy import fmt_eps  # opacus: not imported by `bench list`
+
+    priv = result["privacy"]
+    lines = [f"run_dir: {result['run_dir']}",
+             f"epsilon: target {fmt_eps(priv['target']['epsilon'])}, spent {fmt_eps(float(priv['epsilon']['rdp']))} "
+             f"(RDP), {fmt_eps(float(priv['epsilon']['prv']))} (PRV); delta {priv['target']['delta']:g}"]
     if priv.get("caveat"):
         lines.append(f"epsilon caveat: {priv['caveat']}")
     lines += [f"{k}: {v:.4f}" for k, v in result["metrics"].items()]
@@ -275,14 +180,14 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
     """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
     from . import runner
     from .privacy import fmt_eps
-    from .privacy.ledger import planned_report
 
-    cfg = build_config(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, eval_split=eval_split)
+    cfg = build_config(method, dataset, epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets,
+                       config_file=config_file, seed=seed, eval_split=eval_split)
     prepared = runner.prepare(cfg, data_root)
     if not prepared.budget.private:
         click.echo(f"method {cfg.method} is not private (ε = ∞): it has no private parts to account")
         return
-    rep = planned_report(prepared.budget, prepared.planned)
+    rep = prepared.ledger.planned_report()
     click.echo(f"method {cfg.method}, dataset {cfg.dataset} (N={len(prepared.data.train)}), preset {cfg.preset}")
     click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")
     click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) |")
@@ -301,24 +206,24 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
 @click.argument("what", type=click.Choice(["methods", "datasets", "evaluators", "presets"]))
 def list_(what):
     """List registered methods, datasets, evaluators or presets."""
-    if what == "methods":
-        for name in registry.methods.names():
-            cls = registry.methods.get(name)
-            click.echo(f"{name}\t{'private' if cls.private else 'non-private'}\t{_first_line(cls)}")
-    elif what == "datasets":
-        for name in registry.datasets.names():
-            click.echo(f"{name}\t{_first_line(registry.datasets.get(name))}")
-    elif what == "evaluators":
-        for name in registry.evaluators.names():
-            cls = registry.evaluators.get(name)
-            click.echo(f"{name}\t{'higher' if cls.higher_is_better else 'lower'} is better\t{_first_line(cls)}")
-    else:
-        for name in registry.methods.names():
-            cls = registry.methods.get(name)
-            for preset, per_ds in cls.presets.items():
-                if preset == "tiny":
-                    continue
-                click.echo(f"{name}\t{preset}\t{', '.join(sorted(per_ds))}")
+    reg = {"methods": registry.methods, "datasets": registry.datasets, "evaluators": registry.evaluators,
+           "presets": registry.methods}[what]
+    for name in reg.names():
+        try:  # a plugin that cannot be loaded is named on stderr; the others are still listed
+            obj = reg.get(name)
+        except UserError as e:
+            log.warning("%s", e)
+            continue
+        if what == "methods":
+            click.echo(f"{name}\t{'private' if obj.private else 'non-private'}\t{_first_line(obj)}")
+        elif what == "datasets":
+            click.echo(f"{name}\t{_first_line(obj)}")
+        elif what == "evaluators":
+            click.echo(f"{name}\t{'higher' if obj.higher_is_better else 'lower'} is better\t{_first_line(obj)}")
+        else:
+            for preset in list(obj.presets) or [DEFAULTS_PRESET]:  # ``defaults``: every method has it
+                if preset != "tiny":
+                    click.echo(f"{name}\t{preset}\t{', '.join(sorted(obj.presets.get(preset, ['*'])))}")
 
 
 def _first_line(obj) -> str:
@@ -345,7 +250,6 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
     """Comparison tables of the completed runs, in the papers' layouts."""
     import pandas as pd
 
-    from . import store
     from .report import table as T
 
     root = store.results_root(results)
@@ -386,16 +290,12 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
         for note in tab.notes:
             log.warning("%s", note)
     if out:
-        from pathlib import Path
-
         with store.atomic_open(Path(out), "w") as f:
             f.write(text)
         log.info("wrote %s", out)
     else:
         click.echo(text, nl=False)
     if figures:
-        from pathlib import Path
-
         from .report.figures import all_figures
 
         paths = all_figures(full, T.aggregate(full), root, Path(figures))
@@ -426,7 +326,6 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
 def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, eval_split, sets, results, engine, jobs,
           address, data_root, no_report):
     """Run a grid of runs, skipping cells already complete, then print the report."""
-    from . import store
     from .sweep import expand, run_sweep
 
     grid = load_config_file(grid_file) if grid_file else {}
@@ -438,7 +337,7 @@ def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, e
     if jobs < 1:
         raise UserError("--jobs must be ≥ 1")
     root = store.results_root(results)
-    cells = expand(grid, build_config)
+    cells = expand(grid)
     counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root)
     log.info("sweep finished: %d ran, %d skipped (complete), %d failed", counts["ran"], counts["done"],
              counts["failed"])

@@ -3,7 +3,12 @@ the method's ``Hparams`` defaults.
 
 Presets live on each method class (``Method.presets``): ``{preset: {dataset | "*": {...}}}``.
 Besides the method's hyperparameters a preset may set the run-level keys in
-``RUN_KEYS`` (e.g. which evaluators run, how many samples are drawn).
+``RUN_KEYS`` (e.g. which evaluators run, how many samples are drawn). The preset
+``defaults`` exists for every method: its ``Hparams`` defaults, nothing overridden (the
+default preset of a method without presets).
+
+``build_config`` is the one way to a ``RunConfig`` from user input (the CLI, a sweep
+grid, ``dpgen_bench.run``).
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import registry
+from .api import EVAL_SPLITS
 from .errors import UserError
 from .registry import suggest
 
 DEFAULT_DELTA = 1e-5
+DEFAULTS_PRESET = "defaults"
 DEFAULT_EVALUATORS = ("gen2real_cnn",)
 RUN_KEYS = ("evaluators", "samples_per_class", "delta")  # delta: a paper that fixes δ (CLI --delta wins)
 
@@ -62,10 +70,17 @@ def _json_float(x: float) -> float | str:
 # ----------------------------------------------------------------------- presets
 
 
+def preset_names(method_cls: type) -> list[str]:
+    return [*getattr(method_cls, "presets", {}), DEFAULTS_PRESET]
+
+
 def preset_overrides(method_cls: type, preset: str, dataset: str) -> dict[str, Any]:
     presets = getattr(method_cls, "presets", {})
+    if preset == DEFAULTS_PRESET and preset not in presets:
+        return {}
     if preset not in presets:
-        raise UserError(f"unknown preset '{preset}' for method '{method_cls.name}'{suggest(preset, list(presets))}")
+        raise UserError(f"unknown preset '{preset}' for method '{method_cls.name}'"
+                        f"{suggest(preset, preset_names(method_cls))}")
     per_dataset = presets[preset]
     if dataset in per_dataset:
         return dict(per_dataset[dataset])
@@ -186,3 +201,89 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"config file {p} must hold a mapping")
     return data
+
+
+# ------------------------------------------------------------------ run configs
+
+
+def default_preset(method_cls: type, dataset: str) -> str:
+    """``quick`` where the method has one for this dataset (digits), else ``paper``
+    (which names the datasets it has when this one is not among them); ``defaults`` for a
+    method with neither."""
+    presets = getattr(method_cls, "presets", {})
+    if not presets:
+        return DEFAULTS_PRESET
+    for name in ("quick", "paper"):
+        if dataset in presets.get(name, {}):
+            return name
+    return "quick" if "*" in presets.get("quick", {}) else "paper" if "paper" in presets else DEFAULTS_PRESET
+
+
+def parse_n_d(value: str | int | None) -> int | str | None:
+    """``--n-d``: a positive integer or ``adaptive``."""
+    if value is None or value == "adaptive":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}") from None
+    if n < 1:
+        raise UserError(f"--n-d must be a positive integer or 'adaptive', got {value!r}")
+    return n
+
+
+FILE_KEYS = frozenset({"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device",
+                       "evaluators", "samples_per_class", "eval_split"})
+
+
+def build_config(method: str | None = None, dataset: str | None = None, *, epsilon: float | None = None,
+                 delta: float | None = None, preset: str | None = None, n_d: str | int | None = None,
+                 sets: tuple[str, ...] | list[str] = (), hparams: dict[str, Any] | None = None,
+                 config_file: str | Path | None = None, seed: int | None = None, members: int | None = None,
+                 device: str | None = None, evaluators: str | list[str] | tuple[str, ...] | None = None,
+                 eval_split: str | None = None) -> RunConfig:
+    """A validated ``RunConfig``: given values > ``config_file`` > preset > ``Hparams``
+    defaults. ``hparams`` (a mapping) and ``sets`` (``KEY=VALUE`` strings) override method
+    settings, ``sets`` last. ``epsilon`` None: required for a private method, ∞ otherwise."""
+    file_cfg = load_config_file(config_file) if config_file else {}
+    file_hp = file_cfg.pop("hparams", {}) or {}
+    unknown = set(file_cfg) - FILE_KEYS
+    if unknown:
+        raise UserError(f"config file: unknown keys {sorted(unknown)}")
+    method = method or file_cfg.get("method")
+    if not method:
+        raise UserError("--method is required (bench list methods)")
+    dataset = dataset or file_cfg.get("dataset", "digits")
+    method_cls = registry.methods.get(method)
+    registry.datasets.get(dataset)
+    preset = preset or file_cfg.get("preset") or default_preset(method_cls, dataset)
+    overrides = {**file_hp, **(hparams or {}), **parse_set(sets)}
+    if n_d is not None:
+        overrides["n_d"] = parse_n_d(n_d)
+    hp, run_level = resolve_hparams(method_cls, preset, dataset, overrides)
+    if epsilon is None:
+        epsilon = file_cfg.get("epsilon", file_cfg.get("eps"))
+    if epsilon is None:
+        if method_cls.private:
+            raise UserError(f"--eps is required for private method '{method}'")
+        epsilon = math.inf
+    if evaluators is None:
+        evaluators = file_cfg.get("evaluators", run_level.get("evaluators"))
+    if delta is None:
+        delta = file_cfg.get("delta", run_level.get("delta", DEFAULT_DELTA))
+    kwargs = dict(
+        method=method, dataset=dataset, epsilon=float(epsilon), delta=float(delta), preset=preset,
+        seed=int(seed if seed is not None else file_cfg.get("seed", 0)),
+        members=members if members is not None else file_cfg.get("members"),
+        device=device or file_cfg.get("device", "auto"),
+        samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),
+        hparams=dataclasses.asdict(hp),
+        eval_split=eval_split or file_cfg.get("eval_split", "test"),
+    )
+    if kwargs["eval_split"] not in EVAL_SPLITS:
+        raise UserError(f"eval_split must be one of {', '.join(EVAL_SPLITS)}, got {kwargs['eval_split']!r}")
+    if evaluators is not None:
+        if isinstance(evaluators, str):
+            evaluators = [e.strip() for e in evaluators.split(",") if e.strip()]
+        kwargs["evaluators"] = tuple(evaluators)
+    return RunConfig(**kwargs)

@@ -3,19 +3,27 @@
 Built-ins are listed lazily as ``"module:attr"`` strings so that ``bench list`` does not
 import torch-heavy modules; third-party plugins arrive through entry points in the groups
 ``dpgen_bench.methods``, ``dpgen_bench.evaluators`` and ``dpgen_bench.datasets``.
+
+A name is never taken over silently: an entry point named like an already registered
+(built-in) name, or like an entry point of another distribution seen earlier, is ignored
+with one warning on the ``dpgen_bench`` logger. A plugin whose target cannot be imported
+is still listed by ``names()``; ``get`` turns the failure into a one-line ``UserError``.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 from collections.abc import Iterator
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
 from .errors import UserError
 
 T = TypeVar("T")
+
+log = logging.getLogger("dpgen_bench")
 
 
 def suggest(name: str, known: list[str]) -> str:
@@ -26,11 +34,23 @@ def suggest(name: str, known: list[str]) -> str:
     return f" (known: {', '.join(sorted(known))})" if known else ""
 
 
+def _dist_name(ep: EntryPoint) -> str:
+    """The name of the distribution that provides ``ep`` ('?' where it is not known)."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "?"
+    try:
+        return dist.name or "?"
+    except Exception:  # noqa: BLE001 - odd metadata: the name is only for a message
+        return "?"
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str | None = None):
         self.kind = kind
         self.entry_point_group = entry_point_group
-        self._items: dict[str, T | str] = {}
+        self._items: dict[str, T | str | EntryPoint] = {}
+        self._plugins: dict[str, EntryPoint] = {}  # names taken by entry points, in load order
         self._hidden: set[str] = set()
         self._meta: dict[str, dict] = {}
         self._entry_points_loaded = False
@@ -48,20 +68,26 @@ class Registry(Generic[T]):
         else:
             self._hidden.discard(name)
 
-    def decorator(self, name: str, **kw):
-        def wrap(obj: T) -> T:
-            self.register(name, obj, **kw)
-            return obj
-
-        return wrap
-
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded or not self.entry_point_group:
             return
         self._entry_points_loaded = True
-        for ep in entry_points(group=self.entry_point_group):
-            if ep.name not in self._items:
-                self._items[ep.name] = ep.value
+        group = self.entry_point_group
+        for ep in entry_points(group=group):
+            where = f"'{ep.name}' = {ep.value} (distribution '{_dist_name(ep)}')"
+            if ep.name in self._plugins:
+                first = self._plugins[ep.name]
+                log.warning("%s plugin %s is ignored: distribution '%s' also provides %s '%s' (%s), which is kept; "
+                            "to use both, one of them must name its entry point in group %s differently",
+                            self.kind, where, _dist_name(first), self.kind, ep.name, first.value, group)
+            elif ep.name in self._items:
+                log.warning("%s plugin %s is ignored: the built-in %s '%s' is kept; to use the plugin, register "
+                            "it under another name (rename its entry point in group %s, or call "
+                            "dpgen_bench.registry.%ss.register('<new name>', '%s'))",
+                            self.kind, where, self.kind, ep.name, group, self.kind, ep.value)
+            else:
+                self._items[ep.name] = ep
+                self._plugins[ep.name] = ep
 
     def attribute(self, name: str, attr: str):
         """An attribute of a registered object, from its registration metadata when given
@@ -86,7 +112,15 @@ class Registry(Generic[T]):
         if name not in self._items:
             raise UserError(f"unknown {self.kind} '{name}'{suggest(name, self.names())}")
         obj = self._items[name]
-        if isinstance(obj, str):
+        if isinstance(obj, EntryPoint):
+            try:
+                obj = obj.load()
+            except Exception as e:  # noqa: BLE001 - any failure of a third-party import: one line
+                msg = " ".join(f"{type(e).__name__}: {e}".split())
+                raise UserError(f"{self.kind} plugin '{name}' from distribution '{_dist_name(self._items[name])}' "
+                                f"cannot be loaded ({self._items[name].value}): {msg}") from None
+            self._items[name] = obj
+        elif isinstance(obj, str):
             module, _, attr = obj.partition(":")
             loaded = importlib.import_module(module)
             obj = getattr(loaded, attr) if attr else loaded

@@ -1,15 +1,19 @@
 """One run: validate → seed → data → plan privacy → fit → check ε → sample → evaluate →
-record. Everything a user can get wrong is checked before the run directory exists."""
+record. Everything a user can get wrong is checked before the run directory exists.
+
+Public: ``prepare`` (validate and calibrate, no training), ``run`` (a new run),
+``resume`` (an interrupted one), ``reevaluate`` (a finished one), ``estimate_runtime``.
+``dpgen_bench.run`` / ``dpgen_bench.evaluate`` are the notebook entry points over them."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
 import random
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -19,8 +23,10 @@ import numpy as np
 import torch
 
 from . import registry, store
-from .api import Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport, RunContext
+from .api import Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
 from .config import RunConfig
+from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext
+from .data import load_dataset
 from .errors import Interrupted, PrivacyViolation, UserError
 from .privacy.ledger import PrivacyLedger
 
@@ -50,98 +56,38 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-RESUME_FILE = "resume.pt"
-
-
-def checkpoint_interval() -> float:
-    return float(os.environ.get("DPGEN_CHECKPOINT_SECONDS", "300"))
-
-
-class _Context(RunContext):
-    def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None,
-                 resume_state: dict | None = None):
-        self.device = device
-        self.seed = seed
-        self.ledger = ledger
-        self.run_dir = run_dir
-        self.resume_state = resume_state
-        self.stop_requested: int | None = None
-        self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
-        self._t0 = self._last_checkpoint = time.time()
-        self._checkpoint_seconds = 0.0  # how long the last checkpoint took to write
-
-    # a checkpoint is written at most every CHECKPOINT_OVERHEAD⁻¹ × its own write time, so a
-    # large one (GS-WGAN's paper preset: 1,000 discriminators and their Adam states, ~13 GB)
-    # never takes more than ~5% of training, whatever $DPGEN_CHECKPOINT_SECONDS says
-    CHECKPOINT_OVERHEAD = 0.05
-
-    def checkpoint_due(self) -> bool:
-        if self.run_dir is None:
-            return False
-        if self.stop_requested is not None:
-            return True
-        interval = checkpoint_interval()
-        if interval <= 0:  # "every chance" (tests, debugging): no overhead cap
-            return True
-        wait = max(interval, self._checkpoint_seconds / self.CHECKPOINT_OVERHEAD)
-        return time.time() - self._last_checkpoint >= wait
-
-    def checkpoint(self, state: dict) -> None:
-        if self.run_dir is None:
-            return
-        t = time.time()
-        with store.atomic_open(self.run_dir / RESUME_FILE) as f:
-            torch.save({"method": state, "ledger": dict(self.ledger.taken), "time": time.time(),
-                        "device": self.device.type}, f)
-        self._last_checkpoint = time.time()
-        self._checkpoint_seconds = self._last_checkpoint - t
-        if self.stop_requested is not None:
-            from .errors import Interrupted
-
-            raise Interrupted(f"stopped by signal {self.stop_requested} after a checkpoint")
-
-    def progress(self, total: int, desc: str):
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)
-
-    def record(self, **values: Any) -> None:
-        if self._train_log:
-            values = {"time": round(time.time() - self._t0, 3), **values}
-            self._train_log.write(json.dumps(store._finite(values), default=store._json_default) + "\n")
-            self._train_log.flush()
-
-    def close(self) -> None:
-        if self._train_log:
-            self._train_log.close()
-
-
 # ------------------------------------------------------------------- preparation
 
 
 @dataclasses.dataclass
 class Prepared:
+    """A validated run: its method (built, seeded), data, budget and privacy ledger (the
+    calibrated plan, nothing spent yet)."""
+
     config: RunConfig
-    method_cls: type
     method: Method
     data: ImageData
-    budget: Budget
-    planned: list
+    ledger: PrivacyLedger
     device: torch.device
     data_root: str | None = None
 
+    @property
+    def budget(self) -> Budget:
+        return self.ledger.budget
+
 
 def budget_of(config: RunConfig, method_cls: type) -> Budget:
-    eps, delta = config.epsilon, config.delta
+    """The run's budget; the one place that checks ε and δ against the method's kind."""
+    epsilon, delta = config.epsilon, config.delta
     if not (0 < delta < 1):
         raise UserError(f"--delta must be in (0, 1), got {delta:g}")
-    if math.isnan(eps) or eps <= 0:
-        raise UserError(f"--eps must be > 0, got {eps:g}")
-    if method_cls.private and not math.isfinite(eps):
+    if math.isnan(epsilon) or epsilon <= 0:
+        raise UserError(f"--eps must be > 0, got {epsilon:g}")
+    if method_cls.private and not math.isfinite(epsilon):
         raise UserError(f"method '{method_cls.name}' is private: --eps must be finite")
-    if not method_cls.private and math.isfinite(eps):
+    if not method_cls.private and math.isfinite(epsilon):
         raise UserError(f"method '{method_cls.name}' is not private (ε = ∞): drop --eps")
-    return Budget(epsilon=eps, delta=delta)
+    return Budget(epsilon=epsilon, delta=delta)
 
 
 def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
@@ -153,8 +99,6 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     if config.samples_per_class < 1:
         raise UserError("samples_per_class must be ≥ 1")
     device = resolve_device(config.device)
-    from .data import load_dataset
-
     data = load_dataset(config.dataset, config.eval_split, root=data_root)
     if config.members is not None:
         if not (1 <= config.members <= min(len(data.train), len(data.test))):
@@ -168,9 +112,8 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
     seed_everything(config.seed)  # methods build (and initialise) their networks here: same seed, same run
     method = method_cls(hp, info)
-    planned = method.plan(budget)
-    PrivacyLedger(budget, planned)  # refuses a plan over the target
-    return Prepared(config, method_cls, method, data, budget, planned, device, data_root)
+    ledger = PrivacyLedger(budget, method.plan(budget))  # refuses a plan over the target
+    return Prepared(config, method, data, ledger, device, data_root)
 
 
 def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> Path:
@@ -204,11 +147,16 @@ def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> 
 def load_resume(run_dir: Path) -> dict:
     path = run_dir / RESUME_FILE
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise UserError(f"{run_dir} has no checkpoint to resume from ({RESUME_FILE})") from None
     except Exception as e:  # noqa: BLE001 - truncated or corrupt: one clear line
         raise UserError(f"cannot read the checkpoint {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"cannot resume from {path}: it was written by another version of dpgen_bench "
+                        f"(checkpoint format {state.get('format', 1) if isinstance(state, dict) else '?'}, this "
+                        f"version reads {CHECKPOINT_FORMAT}); start the run again")
+    return state
 
 
 def resume_config(run_dir: Path) -> RunConfig:
@@ -249,19 +197,17 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     phase, t0, timings = "fit", time.time(), {}
     try:
         seed_everything(cfg.seed)
-        ledger = PrivacyLedger(p.budget, p.planned)
-        if resume_state:
-            for name, taken in resume_state["ledger"].items():
-                if taken:
-                    ledger.spend(name, taken)  # the steps already spent stay spent
-        ctx = _Context(p.device, cfg.seed, ledger, run_dir, resume_state["method"] if resume_state else None)
+        ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state)
         try:
             with _stop_on_signals(ctx):
                 p.method.fit(p.data.train, p.budget, ctx)
         finally:
             ctx.close()
+        if resume_state and not ctx._restored:
+            raise RuntimeError(f"method '{cfg.method}' resumed without calling ctx.restore(): its training state "
+                               "and generators were not restored")
         timings["fit"] = time.time() - t0
-        report = ledger.report()  # the runner's own count, not the method's claim
+        report = p.ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
         if caveat:
             report = dataclasses.replace(report, caveat=caveat)
@@ -280,7 +226,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         timings["sample"] = time.time() - t1
 
         phase = "evaluate"
-        result = evaluate(p, images, labels if p.method.conditional else None, p.data_root)
+        result = run_evaluators(cfg, p.data, p.method, p.device, images, labels if p.method.conditional else None,
+                                p.data_root)
         result["protocol"]["timings"] = {**timings, **result["protocol"].get("timings", {})}
         done_before = resume_state["ledger"] if resume_state else {}
         steps = {part.name: part.steps - int(done_before.get(part.name, 0)) for part in report.parts}
@@ -290,7 +237,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         }
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
         return {"privacy": report.to_json(), **result}
-    except Interrupted:
+    except Interrupted as e:
+        e.run_dir = run_dir
         raise
     except BaseException as e:
         store.write_json(run_dir / "failed.json", {
@@ -298,6 +246,35 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
             "traceback": traceback.format_exc(),
         })
         raise
+
+
+def run(config: RunConfig, *, out: str | None = None, results: str | None = None,
+        data_root: str | None = None) -> dict[str, Any]:
+    """Train, sample, evaluate and record one new run; the record (with ``run_dir``)."""
+    p = prepare(config, data_root)
+    run_dir = prepare_out_dir(config, out, results)
+    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, config.method, config.dataset,
+             config.epsilon, config.delta, config.preset, p.device)
+    return {"run_dir": str(run_dir), **execute(p, run_dir)}
+
+
+def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | None = None,
+           expected: RunConfig | None = None) -> dict[str, Any]:
+    """Continue an interrupted run from its checkpoint. ``device`` is the one setting a
+    resume may change; ``expected`` (the settings a caller gave) must equal the run's."""
+    run_dir = Path(run_dir)
+    cfg = resume_config(run_dir)
+    if expected is not None:
+        diff = [k for k, v in expected.to_json().items() if k != "device" and v != cfg.to_json()[k]]
+        if diff:
+            raise UserError(f"--resume {run_dir}: the given settings differ from the run's config in "
+                            f"{', '.join(diff)}")
+    if device:
+        cfg = dataclasses.replace(cfg, device=device)
+    p = prepare(cfg, data_root)
+    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, cfg.method, cfg.dataset,
+             cfg.epsilon, cfg.delta, cfg.preset, p.device)
+    return {"run_dir": str(run_dir), **execute(p, run_dir, resume=True)}
 
 
 class _ProbeDone(Exception):
@@ -332,9 +309,9 @@ class _ProbeBar:
         return None
 
 
-class _ProbeContext(_Context):
+class _ProbeContext(TrainingContext):
     def __init__(self, device, seed, ledger, seconds: float):
-        super().__init__(device, seed, ledger, None)
+        super().__init__(device, seed, ledger)
         self.seconds, self.t0, self.bars = seconds, time.time(), []
 
     def progress(self, total: int, desc: str):
@@ -345,9 +322,11 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
     """Time the first training steps of ``p``'s method for about ``seconds`` (on the run's
     device, with the run's data, writing nothing) and extrapolate each progress phase the
     method opened to its total. Phases the probe did not reach are not in the sum, which is
-    then a lower bound (``complete`` false). Evaluators are not included."""
-    ledger = PrivacyLedger(p.budget, p.planned)
-    ctx = _ProbeContext(p.device, p.config.seed, ledger, seconds)
+    then a lower bound (``complete`` false). Evaluators are not included. The probe's
+    steps are not left in ``p.ledger``; ``p.method`` is trained a little (build a new
+    ``Prepared`` to train for real)."""
+    taken = dict(p.ledger.taken)
+    ctx = _ProbeContext(p.device, p.config.seed, p.ledger, seconds)
     seed_everything(p.config.seed)
     t0 = time.time()
     finished = False
@@ -356,6 +335,8 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
         finished = True
     except _ProbeDone:
         pass
+    finally:
+        p.ledger.taken = taken
     wall = time.time() - t0
     phases, total, setup = [], 0.0, 0.0
     for b in ctx.bars:
@@ -367,8 +348,7 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
         total += est or 0.0
     if ctx.bars and ctx.bars[0].t_first is not None:
         setup = ctx.bars[0].t_first - t0  # data to device, network construction, the first step
-    # the total is rounded *up* to 0.1 s: round() could put it below a phase's own estimate
-    # (111.2 < 0.0741 s/step × 1500 steps), which made the dry-run test flaky
+    # rounded up to 0.1 s, so that the total is never below a phase's own estimate
     return {"device": str(p.device), "probe_seconds": round(wall, 2), "setup_seconds": round(setup, 2),
             "phases": phases, "estimated_fit_seconds": math.ceil((setup + total) * 10) / 10, "complete": finished,
             "note": "training only (evaluators excluded); extrapolated from the first steps of each phase "
@@ -379,13 +359,10 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
 class _stop_on_signals:
     """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
 
-    def __init__(self, ctx: _Context):
+    def __init__(self, ctx: TrainingContext):
         self.ctx, self.old = ctx, {}
 
     def __enter__(self):
-        import signal
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self.old[sig] = signal.signal(sig, self._handler)
@@ -397,33 +374,32 @@ class _stop_on_signals:
         self.ctx.stop_requested = signum
 
     def __exit__(self, *exc):
-        import signal
-
         for sig, old in self.old.items():
             signal.signal(sig, old)
         return False
 
 
 def check_privacy(report: PrivacyReport) -> None:
-    if report.private and report.epsilon_rdp > report.target_epsilon:
-        raise PrivacyViolation(f"spent ε={report.epsilon_rdp:.4f} exceeds the target ε={report.target_epsilon}; "
+    if report.private and report.epsilon_rdp > report.budget.epsilon:
+        raise PrivacyViolation(f"spent ε={report.epsilon_rdp:.4f} exceeds the target ε={report.budget.epsilon}; "
                                "the run is not recorded")
 
 
-def evaluate(p: Prepared, images: torch.Tensor, labels: torch.Tensor | None, data_root: str | None = None
-             ) -> dict[str, Any]:
+def run_evaluators(config: RunConfig, data: ImageData, method: Method, device: torch.device, images: torch.Tensor,
+                   labels: torch.Tensor | None, data_root: str | None = None) -> dict[str, Any]:
+    """``{"metrics", "protocol"}`` of ``config.evaluators`` on the generated samples."""
     metrics: dict[str, Any] = {}
     protocol: dict[str, Any] = {"timings": {}}
     from tqdm.auto import tqdm
 
-    for name in tqdm(p.config.evaluators, desc="evaluators", file=sys.stderr, leave=False, disable=None):
+    for name in tqdm(config.evaluators, desc="evaluators", file=sys.stderr, leave=False, disable=None):
         ev = registry.evaluators.get(name)()
         t = time.time()
         log.info("evaluating %s", name)
-        out = ev.evaluate(EvalInput(data=p.data, images=images, labels=labels, method=p.method,
-                                    device=p.device, seed=p.config.seed, options={"data_root": data_root}))
+        out = ev.evaluate(EvalInput(data=data, images=images, labels=labels, method=method, device=device,
+                                    seed=config.seed, options={"data_root": data_root}))
         metrics.update(out.get("metrics", {}))
-        protocol[name] = {**out.get("protocol", {}), "eval_split": p.data.eval_split}
+        protocol[name] = {**out.get("protocol", {}), "eval_split": data.eval_split}
         protocol["timings"][f"eval:{name}"] = time.time() - t
     return {"metrics": metrics, "protocol": protocol}
 
@@ -442,8 +418,6 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     method_cls = registry.methods.get(cfg.method)
     for name in cfg.evaluators:
         registry.evaluators.get(name)
-    from .data import load_dataset
-
     data = load_dataset(cfg.dataset, cfg.eval_split, root=data_root)
     if (run_dir / "membership.npz").is_file():
         m = np.load(run_dir / "membership.npz")
@@ -459,10 +433,8 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     samples = np.load(run_dir / "samples.npz")
     images = torch.from_numpy(samples["images"])
     labels = torch.from_numpy(samples["labels"]) if method.conditional else None
-    budget = budget_of(cfg, method_cls)
-    p = Prepared(cfg, method_cls, method, data, budget, [], resolve_device(cfg.device))
     seed_everything(cfg.seed)
-    result = evaluate(p, images, labels, data_root)
+    result = run_evaluators(cfg, data, method, resolve_device(cfg.device), images, labels, data_root)
     old = store.read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else {"metrics": {},
                                                                                               "protocol": {}}
     old["metrics"].update(result["metrics"])

@@ -35,32 +35,56 @@ def results_root(explicit: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("DPGEN_RESULTS", DEFAULT_RESULTS))
 
 
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_open(path: Path, mode: str = "wb") -> Iterator[io.IOBase]:
-    """Write ``path`` atomically: a temp file in the same directory (with the user's umask
-    mode, not mkstemp's 0600), fsync, rename, then fsync the directory so the rename is
-    durable. The one implementation every writer of the project uses."""
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Write ``path`` atomically through a temporary file that the caller fills by name.
+
+    Yields an empty temp file in the same directory (``.<name>.<random>.tmp``, with the
+    mode the user's umask gives new files, not mkstemp's 0600, so shared caches stay
+    readable). When the block exits normally the temp file is fsynced, renamed onto
+    ``path`` with ``os.replace`` and the directory fsynced so the rename is durable; when
+    it raises, the temp file is deleted. A crash at any point leaves either the old file
+    or the complete new one under ``path``, never a partial one. The one implementation
+    of the protocol in the project: :func:`atomic_open` and :func:`write_json` use it.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[io.IOBase]:
+    """Write ``path`` atomically through a file object opened with ``mode`` (``"wb"``,
+    ``"w"``, ...: a new file); see :func:`atomic_path` for the guarantees."""
+    if not mode.startswith("w"):
+        raise ValueError(f"atomic_open writes a new file: a 'w' mode, not {mode!r}")
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def _json_default(o: Any):
@@ -82,6 +106,11 @@ def _finite(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_finite(v) for v in o]
     return o
+
+
+def json_line(data: Any) -> str:
+    """``data`` as one JSON line (a train.jsonl record), inf/nan as strings."""
+    return json.dumps(_finite(data), default=_json_default) + "\n"
 
 
 def write_json(path: Path, data: Any) -> None:

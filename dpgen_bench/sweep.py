@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import registry, store
-from .config import RunConfig
+import torch
+
+from . import registry, runner, store
+from .config import RunConfig, build_config
 from .errors import UserError
+from .logs import setup_logging
 
 log = logging.getLogger("dpgen_bench")
 
@@ -55,7 +58,7 @@ def _listify(v: Any) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-def expand(grid: dict[str, Any], build_config) -> list[Cell]:
+def expand(grid: dict[str, Any]) -> list[Cell]:
     """Grid keys: method, dataset, eps, seeds, preset, members, delta, eval, eval_split, set (mapping)."""
     known = {"method", "dataset", "eps", "seeds", "preset", "members", "delta", "eval", "eval_split", "set", "n_d"}
     unknown = set(grid) - known
@@ -73,10 +76,10 @@ def expand(grid: dict[str, Any], build_config) -> list[Cell]:
             methods, _listify(grid.get("dataset", "digits")), _listify(grid.get("eps")),
             _listify(grid.get("seeds", 0)), _listify(grid.get("members")), _listify(grid.get("n_d"))):
         private = registry.methods.get(method).private
-        eps_value = float(eps) if (private and eps is not None) else None
-        cfg = build_config(method, dataset, eps_value, grid.get("delta"), grid.get("preset"),
-                           None if n_d is None else str(n_d), sets, None, int(seed),
-                           int(members) if members is not None else None, None, evaluators, grid.get("eval_split"))
+        epsilon = float(eps) if (private and eps is not None) else None
+        cfg = build_config(method, dataset, epsilon=epsilon, delta=grid.get("delta"), preset=grid.get("preset"),
+                           n_d=n_d, sets=sets, seed=int(seed), members=int(members) if members is not None else None,
+                           evaluators=evaluators, eval_split=grid.get("eval_split"))
         cell = Cell(cfg)
         cells.setdefault(cell.run_name, cell)  # a non-private method runs once per seed, not per ε
     return list(cells.values())
@@ -91,14 +94,11 @@ def status(cell: Cell, root: Path) -> str:
 
 def _has_checkpoint(run_dir: Path) -> bool:
     """A readable resume checkpoint of this cell's config (the directory name hashes it)."""
-    from . import runner
-    from .errors import UserError as _UserError
-
     if not (run_dir / runner.RESUME_FILE).is_file() or not (run_dir / "config.json").is_file():
         return False
     try:
         runner.load_resume(run_dir)
-    except _UserError as e:
+    except UserError as e:
         log.warning("%s: %s; running the cell again", run_dir.name, e)
         return False
     return True
@@ -109,13 +109,8 @@ def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, thre
     """Run one cell (in this process, a worker process, or a Ray task). ``threads`` caps
     torch's threads in a worker: N processes × 2 OpenMP threads on 2 cores slow each
     other down ~10× (measured)."""
-    from . import runner
-    from .cli import _setup_logging
-
-    _setup_logging(False)
+    setup_logging(False)
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
     cfg = RunConfig.from_json(config_json)
     t = time.time()
@@ -128,8 +123,6 @@ def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, thre
 def visible_gpus() -> list[str]:
     """The CUDA devices a local sweep may spread its workers over (respecting an existing
     ``CUDA_VISIBLE_DEVICES``); empty without CUDA."""
-    import torch
-
     if not torch.cuda.is_available():
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -221,8 +214,6 @@ def _run_ray(args, address, data_root, finished) -> None:
         import ray
     except ImportError:
         raise UserError("--engine ray needs Ray: pip install -e '.[ray]'") from None
-    import torch
-
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     gpu = torch.cuda.is_available() or bool(ray.cluster_resources().get("GPU"))
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(run_cell)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -155,18 +154,22 @@ ATTACKS = {
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("DPGEN_CACHE", Path.home() / ".cache" / "dpgen_bench"))
+    """Where reference generators are cached: ``cache_dir("mia_reference")``."""
+    from dpgen_bench.cache import cache_dir
+
+    return cache_dir("mia_reference")
 
 
 def reference_generator(run: EvalInput) -> Method:
     """A non-private ``gan`` trained on the training split without the members; cached."""
-    from dpgen_bench import store
+    from dpgen_bench import registry, store
     from dpgen_bench.api import Budget, DataInfo
     from dpgen_bench.config import resolve_hparams
+    from dpgen_bench.context import TrainingContext
     from dpgen_bench.data import load_dataset
     from dpgen_bench.privacy import PrivacyLedger
-    from dpgen_bench.runner import _Context
-    from methods.gan import GAN
+
+    GAN = registry.methods.get("gan")
 
     data = run.data
     # member indices are into the training split the run used (minus the validation part under val)
@@ -178,7 +181,7 @@ def reference_generator(run: EvalInput) -> Method:
     except Exception:  # noqa: BLE001 - no quick preset for this dataset: defaults
         hp = GAN.Hparams(steps=steps)
     key = hashlib.sha1(repr((data.name, data.eval_split, keep.tobytes(), run.seed, hp)).encode()).hexdigest()[:16]
-    path = _cache_dir() / "mia_reference" / f"{data.name}-{key}.pt"
+    path = _cache_dir() / f"{data.name}-{key}.pt"
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(keep))
     model = GAN(hp, info)
     if path.is_file():
@@ -190,7 +193,7 @@ def reference_generator(run: EvalInput) -> Method:
     log.info("training the MIA reference generator on %d non-member training images", len(keep))
     budget = Budget(float("inf"))
     torch.manual_seed(run.seed)
-    model.fit(full.train.subset(keep), budget, _Context(run.device, run.seed, PrivacyLedger(budget, []), None))
+    model.fit(full.train.subset(keep), budget, TrainingContext(run.device, run.seed, PrivacyLedger(budget, [])))
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.atomic_open(path) as f:
         torch.save({k: v for k, v in model.state_dict().items() if k in ("G", "D")}, f)

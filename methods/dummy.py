@@ -1,9 +1,12 @@
-"""A tiny method for tests only (hidden from ``bench list``).
+"""The smallest complete method: per-class mean images released by the Gaussian mechanism.
 
-It releases per-class mean images through the Gaussian mechanism (clip each image to L2
-norm 1, sum, add N(0, σ²)), one release per step, so the ledger and accounting paths are
-exercised by a real mechanism. ``overspend`` makes it take more steps than calibrated: the
-runner must fail such a run.
+The example of README's "Adding a method" (and a fast method for tests, hidden from
+``bench list``). Each row is an image clipped to L2 norm clip/√2 followed by the constant
+clip/√2 (so ‖row‖ ≤ clip); one release is every class's row sum plus N(0, (σ·clip)²):
+adding or removing one image moves it by at most ``clip`` in L2, so σ is the noise
+multiplier the accountant expects, and the last coordinate is a noisy class count.
+``steps`` releases compose; samples are the last release's mean plus N(0, 0.1²) noise.
+``overspend`` takes steps beyond the plan: the runner must refuse such a run.
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, PrivacyReport, RunContext, Split
+from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.privacy import calibrate_noise
+
+PART = "class_sums"
 
 
 @dataclass(frozen=True)
 class DummyHparams:
-    steps: int = 5
-    overspend: int = 0
+    steps: int = 5  # releases of the class sums
+    clip: float = 1.0  # L2 bound per image
+    overspend: int = 0  # tests: private steps beyond the plan
 
 
 class Dummy(Method):
@@ -27,35 +33,40 @@ class Dummy(Method):
 
     name = "dummy"
     Hparams = DummyHparams
-    presets = {"quick": {"*": {}}, "tiny": {"*": {"samples_per_class": 5}}}
+    presets = {"tiny": {"*": {"samples_per_class": 5}}}
 
     def __init__(self, hparams: DummyHparams, info: DataInfo):
         super().__init__(hparams, info)
         self.means = torch.zeros(info.num_classes, *info.image_shape)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
-        sigma = calibrate_noise(target_epsilon=budget.epsilon, target_delta=budget.delta, sample_rate=1.0,
-                                steps=self.hparams.steps)
-        return [PrivacyPart("class_means", sigma, 1.0, self.hparams.steps)]
+        h = self.hparams  # one Gaussian release per step on the whole dataset (sample rate 1)
+        sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=1.0, steps=h.steps)
+        return [PrivacyPart(PART, noise_multiplier=sigma, sample_rate=1.0, steps=h.steps)]
 
-    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> PrivacyReport:
-        (part,) = ctx.ledger.planned.values()
-        x = train.images.flatten(1)
-        x = x / x.norm(dim=1, keepdim=True).clamp(min=1.0)
-        for _ in range(self.hparams.steps + self.hparams.overspend):
-            ctx.ledger.spend(part.name)
-            for c in range(self.info.num_classes):
-                s = x[train.labels == c].sum(0) + torch.randn(x.shape[1]) * part.noise_multiplier
-                self.means[c] = (s / max(1, int((train.labels == c).sum()))).view(self.info.image_shape)
-            ctx.record(step=1)
-        return ctx.ledger.report()
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
+        h, noise = self.hparams, ctx.generator("noise")
+        sigma = ctx.part(PART).noise_multiplier
+        c = h.clip / 2 ** 0.5
+        x = train.images.flatten(1).to(ctx.device)
+        x = torch.cat([x * (c / x.norm(dim=1, keepdim=True).clamp(min=c)), torch.full((len(x), 1), c, device=x.device)], 1)
+        onehot = torch.nn.functional.one_hot(train.labels.to(ctx.device), self.info.num_classes).float()
+        for step in range(h.steps + h.overspend):
+            ctx.spend(PART)  # counted before the release is used
+            noise_ = torch.randn(len(onehot.T), x.shape[1], generator=noise, device=x.device)
+            sums = onehot.T @ x + sigma * h.clip * noise_
+            counts = (sums[:, -1:] / c).clamp(min=1)  # the noisy class sizes
+            self.means = (sums[:, :-1] / counts).view(-1, *self.info.image_shape).cpu()
+            ctx.record(step=step + 1)
 
-    def sample(self, n, labels, rng):
-        labels = labels if labels is not None else torch.randint(0, self.info.num_classes, (n,), generator=rng)
-        return (self.means[labels] + 0.1 * torch.randn(n, *self.info.image_shape, generator=rng)).clamp(-1, 1), labels
+    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
+        if labels is None:
+            labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
+        noise = 0.1 * torch.randn(n, *self.info.image_shape, generator=rng)
+        return (self.means[labels] + noise).clamp(-1, 1), labels
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {"means": self.means}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         self.means = state["means"]

@@ -32,8 +32,6 @@ class GAN(DPGAN):
     }
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
-        if budget.private:
-            raise UserError(f"method '{self.name}' is not private (ε = ∞): drop --eps")
         if self.hparams.steps is None:
             raise UserError(f"'{self.name}' needs --set steps=N")
         return []

@@ -1,9 +1,9 @@
-"""A minimal RunContext for calling ``Method.fit`` directly in unit tests (no runner,
-no checkpoints, silent progress)."""
+"""A ``TrainingContext`` for calling ``Method.fit`` directly in unit tests (no runner, no
+run directory, silent progress, records kept in a list)."""
 
 import torch
 
-from dpgen_bench.api import RunContext
+from dpgen_bench.context import TrainingContext
 
 
 class _Bar:
@@ -14,11 +14,9 @@ class _Bar:
         pass
 
 
-class FakeContext(RunContext):
-    def __init__(self, ledger, seed=0):
-        self.device = torch.device("cpu")
-        self.seed = seed
-        self.ledger = ledger
+class FakeContext(TrainingContext):
+    def __init__(self, ledger, seed=0, device="cpu"):
+        super().__init__(torch.device(device), seed, ledger)
         self.records = []
 
     def progress(self, total, desc):
@@ -26,3 +24,21 @@ class FakeContext(RunContext):
 
     def record(self, **values):
         self.records.append(values)
+
+
+class PartContext:
+    """Just enough of a RunContext for ``make_private`` alone: one part ``"d"`` with the
+    given noise multiplier and no step limit; ``spent`` counts the optimizer's steps."""
+
+    def __init__(self, noise_multiplier: float, name: str = "d"):
+        from dpgen_bench.api import PrivacyPart
+
+        self._part = PrivacyPart(name, noise_multiplier, 1.0, 10**9)
+        self.spent = 0
+
+    def part(self, name):
+        assert name == self._part.name
+        return self._part
+
+    def spend(self, name, steps=1):
+        self.spent += steps

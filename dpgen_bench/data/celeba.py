@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..api import ImageData, Split
+from ..cache import cache_dir
 from . import files
 
 ATTR_FILE = "list_attr_celeba.txt"
@@ -166,7 +167,7 @@ def load(task: str, size: int, root: str | os.PathLike | None = None, *, workers
     rh = files.short_hash(resolved)
     fp_common = dict(source=resolved, files=[files.file_stat(attr), files.file_stat(part)], n_images=len(present),
                      size=size, crop="center-square", resize="PIL bilinear")
-    directory = files.cache_dir(base)
+    directory = cache_dir(files.CACHE_KIND)
     for split, rows in split_rows.items():
         if not keep_all[rows].any():
             raise files.malformed(dataset, attr, f"no {split} image has exactly one of {', '.join(HAIR)}")

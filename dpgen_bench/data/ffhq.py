@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..api import ImageData, Split
+from ..cache import cache_dir
 from . import files
 
 IMAGE_DIR = "images"
@@ -160,7 +161,7 @@ def load(size: int, root: str | os.PathLike | None = None, *, workers: int | Non
     rh = files.short_hash(resolved)
     fp_common = dict(source=resolved, files=[files.file_stat(label_file)], n_images=len(images), size=size,
                      split=f"rng{SEED}-{TEST_FRACTION}", crop="center-square", resize="PIL bilinear")
-    directory = files.cache_dir(base)
+    directory = cache_dir(files.CACHE_KIND)
     out, info = {}, {"cache_files": [], "cache_hit": True}
     modes, caches = [], {}
     # Every uint8 cache first (decode workers fork from a small process), then the float splits.

@@ -7,23 +7,26 @@ Data root
     name the exact files expected and where.
 
 Cache (decode and resize happen once)
-    ``$DPGEN_CACHE/datasets/`` when ``$DPGEN_CACHE`` is set, else ``<root>/.dpgen_cache/``
-    (falling back to ``~/.cache/dpgen_bench/datasets/`` with a warning when that is not
-    writable). One uint8 NCHW ``.npy`` per (source, size, split), named
-    ``<source>-u8-<size>px-<split>-<root hash>-<fingerprint>.npy``; the fingerprint hashes
+    In ``dpgen_bench.cache.cache_dir("datasets")``: ``$DPGEN_CACHE/datasets/`` when
+    ``$DPGEN_CACHE`` is set, else ``~/.cache/dpgen_bench/datasets/``, whatever the data
+    root (a directory that cannot be written is one UserError line). One uint8 NCHW
+    ``.npy`` per (source, size, split), named
+    ``<source>-u8-<size>px-<split>-<root hash>-<fingerprint>.npy`` (the root hash keeps the
+    caches of several data roots apart); the fingerprint hashes
     the resolved source directory, the names, sizes and mtimes of the label / IDX files,
     the number of images, the preprocessing parameters and :data:`CACHE_VERSION`, so any
     change to the source files rebuilds it (stale files of the same key are deleted).
 
-    A cache file is built into a temp file in the same directory (header and size
-    preallocated with ``np.lib.format.open_memmap``, rows written image by image with
-    ``os.pwrite``, so the build holds one decoded chunk in memory, never the data set),
-    fsynced, renamed with ``os.replace``; then a small JSON sidecar (fingerprint, shape,
-    dtype, exact file size) is written the same way, *last*. A load accepts a cache only
-    when the sidecar parses, its fingerprint matches and the ``.npy`` has exactly the
-    recorded size, shape and dtype; anything else (truncated ``.npy``, missing or garbled
-    sidecar) is logged as a warning and **rebuilt** from the source files. Builds of the
-    same file are serialised with an ``fcntl`` lock, so parallel runs decode once.
+    A cache file is built into a temp file in the same directory (``store.atomic_path``:
+    header and size preallocated with ``np.lib.format.open_memmap``, rows written image by
+    image with ``os.pwrite``, so the build holds one decoded chunk in memory, never the
+    data set), fsynced, renamed with ``os.replace``; then a small JSON sidecar
+    (fingerprint, shape, dtype, exact file size) is written the same way, *last*. A load
+    accepts a cache only when the sidecar parses, its fingerprint matches and the ``.npy``
+    has exactly the recorded size, shape and dtype; anything else (truncated ``.npy``,
+    missing or garbled sidecar) is logged as a warning and **rebuilt** from the source
+    files. Builds of the same file are serialised with an ``fcntl`` lock, so parallel runs
+    decode once.
 
 Decoding
     Image by image with PIL (centre square crop with torchvision ``CenterCrop``'s rounding,
@@ -60,7 +63,6 @@ import logging
 import math
 import multiprocessing
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -70,6 +72,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..store import atomic_open, atomic_path
 
 log = logging.getLogger("dpgen_bench")
 
@@ -80,6 +83,7 @@ CACHE_VERSION = 1  # bump when preprocessing changes: every cache is rebuilt
 IN_MEMORY_MAX_BYTES = 2 * 2**30  # larger float32 splits are served memory-mapped
 CHUNK_BYTES = 64 * 2**20  # float32 bytes converted per chunk
 PARALLEL_MIN_IMAGES = 2000  # decode in worker processes from this many images on
+CACHE_KIND = "datasets"  # dpgen_bench.cache.cache_dir(CACHE_KIND): where the cache files live
 
 _INFO: dict[str, dict[str, Any]] = {}
 
@@ -95,30 +99,6 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
     if env:
         return Path(env).expanduser()
     return DEFAULT_DATA_ROOT.expanduser()
-
-
-def _writable_dir(path: Path) -> bool:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path, prefix=".probe.")
-        os.close(fd)
-        os.unlink(tmp)
-        return True
-    except OSError:
-        return False
-
-
-def cache_dir(root: Path) -> Path:
-    """``$DPGEN_CACHE/datasets`` if set, else ``<root>/.dpgen_cache`` (else ~/.cache fallback)."""
-    env = os.environ.get("DPGEN_CACHE")
-    first = Path(env).expanduser() / "datasets" if env else Path(root) / ".dpgen_cache"
-    if _writable_dir(first):
-        return first
-    fallback = Path.home() / ".cache" / "dpgen_bench" / "datasets"
-    if fallback != first and _writable_dir(fallback):
-        log.warning("dataset cache directory %s is not writable; using %s", first, fallback)
-        return fallback
-    raise UserError(f"cannot write the dataset cache at {first}: set $DPGEN_CACHE to a writable directory")
 
 
 # ------------------------------------------------------------------------ errors
@@ -160,30 +140,7 @@ def short_hash(text: str, n: int = 8) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:n]
 
 
-# -------------------------------------------------------------- atomic .npy cache
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _umask_mode(tmp: str) -> None:
-    """mkstemp makes 0600 files; a shared cache wants the user's umask (0644 usually)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    from ..store import atomic_open
-
-    with atomic_open(path, "wb") as f:
-        f.write(data)
+# --------------------------------------------------------------------- .npy cache
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -271,25 +228,15 @@ def cached_array(
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         t0 = time.perf_counter()
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{npy.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            _umask_mode(tmp)
+        with atomic_path(npy) as tmp:
             pre = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
             offset = int(pre.offset)
             del pre  # header written, size preallocated (sparse): rows come by pwrite
-            fill(tmp, offset)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, npy)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+            fill(str(tmp), offset)
         record = {"fingerprint": fp, "shape": list(shape), "dtype": dtype.str, "file_size": npy.stat().st_size,
                   "build_seconds": round(time.perf_counter() - t0, 3), "created": time.time(), **(meta or {})}
-        _atomic_write_bytes(_sidecar(npy), json.dumps(record, indent=1, default=str).encode())
-        _fsync_dir(directory)
+        with atomic_open(_sidecar(npy), "w") as f:
+            f.write(json.dumps(record, indent=1, default=str))
         for other in directory.glob(f"{family}-*"):
             if other.name.startswith(stem):
                 continue

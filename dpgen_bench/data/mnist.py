@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..api import ImageData, Split
+from ..cache import cache_dir
 from ..errors import UserError
 from . import files
 
@@ -118,7 +119,7 @@ def load(source: str, size: int, root: str | os.PathLike | None = None, *, in_me
     folder = raw_dir(source, base)
     fp_common = dict(source=str(folder.resolve()), files=[files.file_stat(p) for p in found.values()], size=size,
                      pad=(size - 28) // 2)
-    directory = files.cache_dir(base)
+    directory = cache_dir(files.CACHE_KIND)
     rh = files.short_hash(str(folder.resolve()))
     splits, counts, cache_files, hits, modes = {}, {}, [], [], []
     all_labels = {split: _labels(dataset, found[lab]) for split, (_, lab) in SPLIT_FILES.items()}

@@ -50,9 +50,9 @@ MECHANISMS = (POISSON, WOR)
 _WOR_MARGIN = 1e-4
 
 
-def _aim(target_epsilon: float, mechanism: str) -> float:
+def _aim(epsilon: float, mechanism: str) -> float:
     """The ε a calibration aims at: the target, or just under it for WOR (``_WOR_MARGIN``)."""
-    return target_epsilon * (1 - _WOR_MARGIN) if mechanism == WOR else target_epsilon
+    return epsilon * (1 - _WOR_MARGIN) if mechanism == WOR else epsilon
 
 
 def _history(parts: Sequence[PrivacyPart]) -> list[tuple[float, float, int]]:
@@ -194,62 +194,62 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     return float(upper)
 
 
-def calibrate_noise(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: int,
                     mechanism: str = POISSON) -> float:
     """Smallest noise multiplier (to ~0.5% of ε) whose RDP ε after ``steps`` is ≤ target."""
-    _check_target(target_epsilon, target_delta)
-    tolerance = max(1e-4, 0.005 * target_epsilon)
-    target_epsilon = _aim(target_epsilon, mechanism)
+    _check_target(epsilon, delta)
+    tolerance = max(1e-4, 0.005 * epsilon)
+    aim = _aim(epsilon, mechanism)
 
     def eps(sigma: float) -> float:
-        return compose_rdp([PrivacyPart("check", sigma, sample_rate, steps, mechanism=mechanism)], target_delta)
+        return compose_rdp([PrivacyPart("check", sigma, sample_rate, steps, mechanism=mechanism)], delta)
 
     if mechanism == POISSON:
-        sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+        sigma = get_noise_multiplier(target_epsilon=aim, target_delta=delta,
                                      sample_rate=sample_rate, steps=steps, accountant="rdp",
                                      epsilon_tolerance=tolerance, alphas=_ORDERS)
     else:  # bisection on σ; ε is decreasing in σ. Invariant: eps(hi) = eps_hi ≤ target < eps(lo)
         lo, hi = 0.0, 1.0
         eps_hi = eps(hi)
-        while eps_hi > target_epsilon:
+        while eps_hi > aim:
             lo, hi = hi, 2 * hi
             if hi > 1e6:
                 raise ValueError("The privacy budget is too low.")
             eps_hi = eps(hi)
-        while target_epsilon - eps_hi > tolerance and hi - lo >= 1e-9:
+        while aim - eps_hi > tolerance and hi - lo >= 1e-9:
             mid = (lo + hi) / 2
             eps_mid = eps(mid)
-            if eps_mid > target_epsilon:
+            if eps_mid > aim:
                 lo = mid
             else:
                 hi, eps_hi = mid, eps_mid
         sigma = hi
     spent = eps(sigma)
-    if spent > target_epsilon:  # never trust a calibration blindly
-        raise AssertionError(f"noise calibration overshot: ε={spent} > {target_epsilon}")
+    if spent > aim:  # never trust a calibration blindly
+        raise AssertionError(f"noise calibration overshot: ε={spent} > {aim}")
     return float(sigma)
 
 
-def steps_for_budget(*, target_epsilon: float, target_delta: float, sample_rate: float, noise_multiplier: float,
+def steps_for_budget(*, epsilon: float, delta: float, sample_rate: float, noise_multiplier: float,
                      max_steps: int = 10_000_000, mechanism: str = POISSON) -> int:
     """Largest number of steps whose RDP ε at this noise is ≤ target ("train until the
     budget is spent"). 0 when even one step exceeds it."""
-    _check_target(target_epsilon, target_delta)
-    target_epsilon = _aim(target_epsilon, mechanism)
+    _check_target(epsilon, delta)
+    aim = _aim(epsilon, mechanism)
 
     def eps(t: int) -> float:
         return compose_rdp([PrivacyPart("check", noise_multiplier, sample_rate, t, mechanism=mechanism)],
-                           target_delta)
+                           delta)
 
-    if eps(1) > target_epsilon:
+    if eps(1) > aim:
         return 0
     lo, hi = 1, 2
-    while hi <= max_steps and eps(hi) <= target_epsilon:
+    while hi <= max_steps and eps(hi) <= aim:
         lo, hi = hi, hi * 2
     hi = min(hi, max_steps + 1)
     while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi)
         mid = (lo + hi) // 2
-        if eps(mid) <= target_epsilon:
+        if eps(mid) <= aim:
             lo = mid
         else:
             hi = mid

@@ -1,10 +1,10 @@
 """The privacy ledger: the runner's own count of every private step a method takes.
 
-A method declares its calibrated parts (``plan``) before training and calls
-``spend(name)`` once per private step. Spending beyond the plan raises
-``PrivacyViolation`` at once, so a misbehaving method cannot exceed its budget silently;
-the final report is composed from the steps actually taken, not from what the method
-claims.
+A method declares its calibrated parts (``plan``) before training; each private step is
+counted (``RunContext.spend``, or the DPSGD optimizer's step) before its output is used.
+Spending beyond the plan raises ``PrivacyViolation`` at once, so a misbehaving method
+cannot exceed its budget silently; the final report is composed from the steps actually
+taken, not from what the method claims.
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ class PrivacyLedger:
         elif planned:
             raise PrivacyViolation("a non-private run cannot declare private parts")
 
+    def part(self, name: str) -> PrivacyPart:
+        if name not in self.planned:
+            raise PrivacyViolation(f"private part '{name}' was not declared by plan() (declared: "
+                                   f"{', '.join(self.planned) or 'none'})")
+        return self.planned[name]
+
     def spend(self, name: str, steps: int = 1) -> None:
         if name not in self.planned:
             raise PrivacyViolation(f"private step on undeclared part '{name}'")
@@ -43,35 +49,17 @@ class PrivacyLedger:
             )
         self.taken[name] += steps
 
-    def remaining(self, name: str) -> int:
-        return self.planned[name].steps - self.taken[name]
-
-    def parts(self) -> list[PrivacyPart]:
-        out = []
-        for name, plan in self.planned.items():
-            part = dataclasses.replace(plan, steps=self.taken[name])
-            out.append(dataclasses.replace(part, epsilon=part_epsilon(part, self.budget.delta)))
-        return out
-
-    def report(self) -> PrivacyReport:
+    def report(self, taken: dict[str, int] | None = None) -> PrivacyReport:
+        """The report of the steps taken (or of ``taken``)."""
         b = self.budget
         if not b.private:
-            return PrivacyReport(private=False, target_epsilon=float("inf"), target_delta=b.delta,
-                                 epsilon_rdp=float("inf"), epsilon_prv=float("inf"))
-        parts = self.parts()
-        return PrivacyReport(
-            private=True,
-            target_epsilon=b.epsilon,
-            target_delta=b.delta,
-            parts=tuple(parts),
-            epsilon_rdp=compose_rdp(parts, b.delta),
-            epsilon_prv=compose_prv(parts, b.delta),
-        )
+            return PrivacyReport(b, epsilon_rdp=float("inf"), epsilon_prv=float("inf"))
+        taken = self.taken if taken is None else taken
+        parts = [dataclasses.replace(plan, steps=taken[name]) for name, plan in self.planned.items()]
+        parts = [dataclasses.replace(p, epsilon=part_epsilon(p, b.delta)) for p in parts]
+        return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=compose_rdp(parts, b.delta),
+                             epsilon_prv=compose_prv(parts, b.delta))
 
-
-def planned_report(budget: Budget, planned: Sequence[PrivacyPart]) -> PrivacyReport:
-    """The report a run would have if it takes every planned step (``bench privacy``)."""
-    ledger = PrivacyLedger(budget, planned)
-    for p in planned:
-        ledger.taken[p.name] = p.steps
-    return ledger.report()
+    def planned_report(self) -> PrivacyReport:
+        """The report of a run that takes every planned step (``bench privacy``)."""
+        return self.report({name: p.steps for name, p in self.planned.items()})

@@ -119,16 +119,9 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   widths and steps and run fit with one intra-op thread (``torch_threads``); see
   ``core.py``.
 
-Observed on digits (1,437 training images, ``quick``): gen2real_cnn is at chance
-(0.107 ± 0.022 at ε = 1, 0.086 ± 0.012 at ε = 10, two seeds; dpgan 0.13 / 0.65) and G
-collapses to one texture per class. With the noise switched off the same pipeline reaches
-≈ 0.6 in 400 batches. The canonical split (0.1, ×, 0.1) is made for N = 60,000: at
-N = 1,437 and 1,000 DPAGG batches it leaves DPAGG σ3 = 18.0 (and conv1 σ1 = 5.9), so the
-aggregates D's head sees are mostly noise; a split of (10%, 40%, 50%) with
-``fill_budget=true`` (σ3 ≈ 0.9, σ2 ≈ 2) lifts ε = 10 to 0.158 (one seed), still far below
-dpgan. conv2*'s DPSGD noise is the other bottleneck at this N (σ2 = 0.5 alone brings the
-noise-free 0.6 down to ≈ 0.14). The paper's own MNIST/FMNIST rows (Table 1) are its
-weakest; we keep the canonical split in ``quick`` so that the preset is the paper's method.
+On digits the ``quick`` preset departs from the canonical split (see its comment and
+benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves
+DPAGG's aggregates mostly noise.
 """
 
 from .core import DPAF, DPAFHparams

@@ -134,7 +134,7 @@ def _calibrated(eps: tuple[float, float, float], delta: float, sched: Schedule) 
                 raise UserError(f"part '{name}' needs a positive ε and at least one step")
             parts.append(PrivacyPart(name, noise_multiplier=0.0, sample_rate=q, steps=0))
             continue
-        sigma = calibrate_noise(target_epsilon=e, target_delta=delta, sample_rate=q, steps=t)
+        sigma = calibrate_noise(epsilon=e, delta=delta, sample_rate=q, steps=t)
         parts.append(PrivacyPart(name, noise_multiplier=float(sigma), sample_rate=q, steps=t))
     return parts
 

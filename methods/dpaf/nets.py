@@ -81,10 +81,6 @@ class Layout:
     def agg_size(self) -> int:  # p
         return self.sizes[self.x1 + self.x2]
 
-    @property
-    def conv1_size(self) -> int:
-        return self.sizes[self.x1]
-
 
 def make_layout(image_shape: tuple[int, int, int], config: str, width: int) -> Layout:
     c, h, w = image_shape
@@ -202,11 +198,6 @@ class Classifier(nn.Module):
     def forward(self, x):
         """Per-example predictions (AGG over a batch of one: the identity)."""
         return self.head(self.features(x))
-
-    def forward_aggregate(self, x, expected_batch: float):
-        """Prediction for the whole batch: AGG = sum / expected batch size."""
-        agg = self.features(x).flatten(1).sum(0, keepdim=True) / expected_batch
-        return self.head(agg)
 
 
 class Generator(nn.Module):

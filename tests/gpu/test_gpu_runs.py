@@ -36,6 +36,12 @@ TINY = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """The decoded 60,000-image cache goes to a temporary $DPGEN_CACHE, not ~/.cache."""
+    monkeypatch.setenv("DPGEN_CACHE", str(tmp_path_factory.getbasetemp() / "dpgen_cache"))
+
+
 @pytest.fixture(scope="module")
 def fake_mnist(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")

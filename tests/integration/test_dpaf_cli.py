@@ -5,11 +5,7 @@ import json
 
 import pytest
 
-from dpgen_bench import registry
 from dpgen_bench.cli import cli
-
-if "dpaf" not in registry.methods:
-    registry.methods.register("dpaf", "methods.dpaf:DPAF")
 
 
 @pytest.fixture(scope="module")

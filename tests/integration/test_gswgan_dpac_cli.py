@@ -9,12 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpgen_bench import registry
 from dpgen_bench.cli import cli
-
-for _name, _ref in (("gswgan", "methods.gswgan:GSWGAN"), ("dpac", "methods.dpac:DPAC")):
-    if _name not in registry.methods:
-        registry.methods.register(_name, _ref)
 
 METHODS = ("gswgan", "dpac")
 

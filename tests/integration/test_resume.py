@@ -102,12 +102,11 @@ def test_resume_refuses_a_different_config(tmp_path, cli_runner):
 
 
 def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path, cli_runner):
-    from dpgen_bench.cli import build_config
     from dpgen_bench.sweep import expand
 
     root = tmp_path / "runs"
     grid = {"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": 400}}
-    (cell,) = expand(grid, build_config)
+    (cell,) = expand(grid)
     out = root / cell.run_name
     proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})  # the same config as the cell (ARGS)
     _wait_for_checkpoint(out, proc, min_steps=40)

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from dpgen_bench.cli import build_config, cli
+from dpgen_bench.cli import cli
 from dpgen_bench.sweep import expand
 
 
 def test_expand_runs_non_private_methods_once_per_seed():
-    cells = expand({"method": "dummy,gan", "eps": "1,10", "seeds": "0,1", "preset": "tiny"}, build_config)
+    cells = expand({"method": "dummy,gan", "eps": "1,10", "seeds": "0,1", "preset": "tiny"})
     names = sorted(c.config.method for c in cells)
     assert names.count("dummy") == 4 and names.count("gan") == 2
     assert len({c.run_name for c in cells}) == 6
@@ -24,7 +24,7 @@ def test_sweep_runs_only_missing_cells(cli_runner, results, tmp_path):
     (done,) = list(results.iterdir())
     stamp = (done / "eval.json").stat().st_mtime_ns
     # a crashed cell: directory without eval.json
-    grid = expand({"method": "dummy", "eps": "10", "seeds": "0", "preset": "tiny"}, build_config)
+    grid = expand({"method": "dummy", "eps": "10", "seeds": "0", "preset": "tiny"})
     crashed = results / grid[0].run_name
     crashed.mkdir()
     (crashed / "config.json").write_text("{}")

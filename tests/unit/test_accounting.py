@@ -9,7 +9,6 @@ from dpgen_bench.api import Budget, PrivacyPart
 from dpgen_bench.errors import PrivacyViolation, UserError
 from dpgen_bench.privacy import PrivacyLedger, calibrate_noise, compose_prv, compose_rdp, steps_for_budget
 from dpgen_bench.privacy.accounting import _ORDERS
-from dpgen_bench.privacy.ledger import planned_report
 
 Q = 64 / 1437
 
@@ -17,7 +16,7 @@ Q = 64 / 1437
 @pytest.mark.parametrize("eps", [0.2, 1.0, 2.0, 10.0])
 @pytest.mark.parametrize("delta", [1e-5, 1e-6])
 def test_calibrated_noise_spends_at_most_and_close_to_target(eps, delta):
-    sigma = calibrate_noise(target_epsilon=eps, target_delta=delta, sample_rate=Q, steps=500)
+    sigma = calibrate_noise(epsilon=eps, delta=delta, sample_rate=Q, steps=500)
     spent = compose_rdp([PrivacyPart("d", sigma, Q, 500)], delta)
     assert spent <= eps
     assert spent >= 0.95 * eps
@@ -25,7 +24,7 @@ def test_calibrated_noise_spends_at_most_and_close_to_target(eps, delta):
 
 def test_known_value_from_facts():
     # FACTS.md: digits, q=64/1437, 500 steps, δ=1e-5 → σ≈4.18 for ε=1, PRV ε≈0.91.
-    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=500)
+    sigma = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=Q, steps=500)
     assert sigma == pytest.approx(4.18, abs=0.02)
     prv = compose_prv([PrivacyPart("d", sigma, Q, 500)], 1e-5)
     assert 0.88 < prv < 0.95
@@ -103,7 +102,7 @@ def test_prv_grid_too_large_for_memory_is_nan_before_allocating(caplog, monkeypa
 
 
 def test_steps_for_budget_is_the_largest_admissible():
-    t = steps_for_budget(target_epsilon=2.0, target_delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
+    t = steps_for_budget(epsilon=2.0, delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
     eps = lambda n: compose_rdp([PrivacyPart("d", 1.5, Q, n)], 1e-5)  # noqa: E731
     assert eps(t) <= 2.0 < eps(t + 1)
 
@@ -111,13 +110,13 @@ def test_steps_for_budget_is_the_largest_admissible():
 @pytest.mark.parametrize("eps,sigma,paper_steps", [(10, 2.0, 174_000), (1, 14.0, 165_000)])
 def test_paper_step_counts(eps, sigma, paper_steps):
     # Private GANs Table 7: MNIST, B=512 → T=174K (σ=2, ε=10) and 165K (σ=14, ε=1).
-    t = steps_for_budget(target_epsilon=eps, target_delta=1e-5, sample_rate=512 / 60000, noise_multiplier=sigma)
+    t = steps_for_budget(epsilon=eps, delta=1e-5, sample_rate=512 / 60000, noise_multiplier=sigma)
     assert t == pytest.approx(paper_steps, rel=0.03)
 
 
 def test_ledger_refuses_overspending_and_undeclared_parts():
     budget = Budget(1.0, 1e-5)
-    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=10)
+    sigma = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=Q, steps=10)
     ledger = PrivacyLedger(budget, [PrivacyPart("d", sigma, Q, 10)])
     ledger.spend("d", 10)
     with pytest.raises(PrivacyViolation):
@@ -134,11 +133,11 @@ def test_ledger_refuses_a_plan_over_target():
 
 
 def test_report_counts_steps_actually_taken():
-    sigma = calibrate_noise(target_epsilon=1.0, target_delta=1e-5, sample_rate=Q, steps=100)
+    sigma = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=Q, steps=100)
     ledger = PrivacyLedger(Budget(1.0, 1e-5), [PrivacyPart("d", sigma, Q, 100)])
     ledger.spend("d", 40)
     partial = ledger.report()
-    full = planned_report(Budget(1.0, 1e-5), [PrivacyPart("d", sigma, Q, 100)])
+    full = PrivacyLedger(Budget(1.0, 1e-5), [PrivacyPart("d", sigma, Q, 100)]).planned_report()
     assert partial.parts[0].steps == 40
     assert partial.epsilon_rdp < full.epsilon_rdp <= 1.0
 
@@ -146,4 +145,4 @@ def test_report_counts_steps_actually_taken():
 @pytest.mark.parametrize("eps,delta", [(0, 1e-5), (-1, 1e-5), (math.inf, 1e-5), (1, 0), (1, 1.0)])
 def test_invalid_targets_are_user_errors(eps, delta):
     with pytest.raises(UserError):
-        calibrate_noise(target_epsilon=eps, target_delta=delta, sample_rate=Q, steps=10)
+        calibrate_noise(epsilon=eps, delta=delta, sample_rate=Q, steps=10)

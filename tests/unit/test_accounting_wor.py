@@ -59,11 +59,11 @@ def test_wor_is_never_cheaper_than_poisson_at_the_same_noise():
 
 def test_wor_calibration_and_steps_for_budget_meet_the_target():
     for eps in (1.0, 10.0):
-        sigma = calibrate_noise(target_epsilon=eps, target_delta=1e-5, sample_rate=0.02, steps=700, mechanism=WOR)
+        sigma = calibrate_noise(epsilon=eps, delta=1e-5, sample_rate=0.02, steps=700, mechanism=WOR)
         spent = compose_rdp([PrivacyPart("p", sigma, 0.02, 700, mechanism=WOR)], 1e-5)
         assert 0.99 * eps <= spent <= eps
         assert autodp_eps(sigma, 0.02, 700) <= eps
-        t = steps_for_budget(target_epsilon=eps, target_delta=1e-5, sample_rate=0.02, noise_multiplier=sigma,
+        t = steps_for_budget(epsilon=eps, delta=1e-5, sample_rate=0.02, noise_multiplier=sigma,
                              mechanism=WOR)
         assert t >= 700 and compose_rdp([PrivacyPart("p", sigma, 0.02, t + 1, mechanism=WOR)], 1e-5) > eps
 
@@ -120,13 +120,13 @@ def test_paper_presets_follow_the_authors_configs():
     """docs/provenance.md: dpgan's adaptive threshold is 0.70 at ε = 1 and 0.60 at ε = 10
     (exp_configs/*-eps{1,10}-adaptive.yaml); CelebA is δ = 1e-6 (§6.3.2, Table 3) unless
     --delta says otherwise; the papers evaluate on 60K generated images."""
-    from dpgen_bench.cli import build_config
+    from dpgen_bench.config import build_config
     from methods.dpgan import _value_from_table
 
-    cfg = build_config("dpgan", "mnist", 1.0, None, "paper", None, (), None, 0)
+    cfg = build_config("dpgan", "mnist", epsilon=1.0, preset="paper")
     assert _value_from_table(cfg.hparams["threshold_by_epsilon"], 1.0) == 0.7
     assert _value_from_table(cfg.hparams["threshold_by_epsilon"], 10.0) == 0.6
     assert cfg.delta == 1e-5 and cfg.samples_per_class == 6000
-    celeba = build_config("dpgan", "celeba-gender-32", 10.0, None, "paper", None, (), None, 0)
+    celeba = build_config("dpgan", "celeba-gender-32", epsilon=10.0, preset="paper")
     assert celeba.delta == 1e-6 and celeba.samples_per_class == 30_000
-    assert build_config("dpgan", "celeba-gender-32", 10.0, 1e-5, "paper", None, (), None, 0).delta == 1e-5
+    assert build_config("dpgan", "celeba-gender-32", epsilon=10.0, delta=1e-5, preset="paper").delta == 1e-5

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import torch
 
-from dpgen_bench.runner import RESUME_FILE, _Context
+from dpgen_bench.context import RESUME_FILE, TrainingContext
 
 
 def _ctx(tmp_path):
-    return _Context(torch.device("cpu"), 0, SimpleNamespace(taken={"d": 3}), tmp_path)
+    return TrainingContext(torch.device("cpu"), 0, SimpleNamespace(taken={"d": 3}), tmp_path)
 
 
 def test_a_slow_checkpoint_spaces_out_the_next(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from dpgen_bench.data import celeba, ffhq, files, load_dataset, mnist
 from dpgen_bench.errors import UserError
 from fake_data import write_idx
 
-REGISTRY_LINES = {
+REGISTRY_LINES = {  # built-ins (dpgen_bench/registry.py); the tests use them, never re-register them
     "mnist": "dpgen_bench.data.mnist:load_mnist",
     "mnist-32": "dpgen_bench.data.mnist:load_mnist_32",
     "fashion-mnist": "dpgen_bench.data.mnist:load_fashion_mnist",
@@ -32,9 +32,6 @@ REGISTRY_LINES = {
     "ffhq-gender": "dpgen_bench.data.ffhq:load_ffhq_gender",
     "ffhq-gender-64": "dpgen_bench.data.ffhq:load_ffhq_gender_64",
 }
-for _name, _ref in REGISTRY_LINES.items():
-    if _name not in registry.datasets:
-        registry.datasets.register(_name, _ref)
 
 CELEBA_ATTRS = (
     "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
@@ -46,10 +43,14 @@ CELEBA_ATTRS = (
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch):
-    monkeypatch.delenv("DPGEN_CACHE", raising=False)
+def dataset_cache(monkeypatch, tmp_path_factory) -> Path:
+    """An empty ``$DPGEN_CACHE`` of the test's own (no ``$DPGEN_DATA`` or memory override);
+    returns where the dataset cache files go: ``$DPGEN_CACHE/datasets``."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("DPGEN_CACHE", str(cache))
     monkeypatch.delenv("DPGEN_DATA", raising=False)
     monkeypatch.delenv("DPGEN_DATA_IN_MEMORY_GB", raising=False)
+    return cache / "datasets"
 
 
 class OpenCounter:
@@ -167,10 +168,16 @@ def test_data_root_precedence(monkeypatch, tmp_path):
     assert "DPGEN_DATA" in files.DATA_ROOT_HELP and "\n" not in files.DATA_ROOT_HELP
 
 
+def test_real_datasets_are_built_in():
+    for name, ref in REGISTRY_LINES.items():
+        loader = registry.datasets.get(name)
+        assert f"{loader.__module__}:{loader.__name__}" == ref, name
+
+
 # ------------------------------------------------------------------------- MNIST
 
 
-def test_mnist_shapes_values_and_registry(tmp_path):
+def test_mnist_shapes_values_and_registry(tmp_path, dataset_cache):
     src = make_mnist(tmp_path)
     data = load_dataset("mnist", root=str(tmp_path))
     check_images(data, (1, 28, 28), 30, 12)
@@ -179,7 +186,7 @@ def test_mnist_shapes_values_and_registry(tmp_path):
     torch.testing.assert_close(data.train.images[:, 0], expected)
     assert data.train.labels.tolist() == src["train_labels"].tolist()
     assert data.test.labels.tolist() == src["t10k_labels"].tolist()
-    assert (tmp_path / ".dpgen_cache").is_dir()
+    assert len(list(dataset_cache.glob("mnist-u8-28px-*.npy"))) == 2  # train and test
 
     d32 = load_dataset("mnist-32", root=str(tmp_path))
     check_images(d32, (1, 32, 32), 30, 12)
@@ -255,7 +262,7 @@ def test_celeba_gender_split_crop_labels(celeba_root, monkeypatch):
     check_images(d32, (3, 32, 32), n_train, n_test)
 
 
-def test_celeba_cache_second_load_decodes_nothing(celeba_root, monkeypatch):
+def test_celeba_cache_second_load_decodes_nothing(celeba_root, monkeypatch, dataset_cache):
     root, src = celeba_root
     first = load_dataset("celeba-gender", root=str(root), workers=1)
     assert files.dataset_info("celeba-gender")["cache_hit"] is False
@@ -272,7 +279,7 @@ def test_celeba_cache_second_load_decodes_nothing(celeba_root, monkeypatch):
     os.utime(attr, ns=(attr.stat().st_atime_ns, attr.stat().st_mtime_ns + 10**9))
     load_dataset("celeba-gender", root=str(root), workers=1)
     assert opens.n == len(src["names"])
-    npys = sorted(p.name for p in (root / ".dpgen_cache").glob("celeba-u8-64px-*.npy"))
+    npys = sorted(p.name for p in dataset_cache.glob("celeba-u8-64px-*.npy"))
     assert len(npys) == 2, npys  # stale train/test files of the old fingerprint removed
 
 
@@ -361,10 +368,10 @@ def test_celeba_malformed_files(tmp_path):
         load_dataset("celeba-gender", root=str(tmp_path), workers=1)
 
 
-def test_celeba_parallel_decode_and_memory_mapped_split(celeba_root, monkeypatch):
+def test_celeba_parallel_decode_and_memory_mapped_split(celeba_root, monkeypatch, dataset_cache):
     root, _ = celeba_root
     serial = load_dataset("celeba-gender-32", root=str(root), workers=1)
-    for p in (root / ".dpgen_cache").glob("celeba-u8-32px-*"):
+    for p in dataset_cache.glob("celeba-u8-32px-*"):
         p.unlink()
     parallel = load_dataset("celeba-gender-32", root=str(root), workers=2, in_memory=False)
     assert files.dataset_info("celeba-gender-32")["cache_hit"] is False
@@ -379,7 +386,7 @@ def test_celeba_parallel_decode_and_memory_mapped_split(celeba_root, monkeypatch
     again = load_dataset("celeba-gender-32", root=str(root), in_memory=False)
     torch.testing.assert_close(again.train.images, serial.train.images)
     # a truncated float32 cache is rebuilt from the uint8 cache, without decoding
-    f32 = sorted((root / ".dpgen_cache").glob("celeba-gender-32-f32-train-*.npy"))
+    f32 = sorted(dataset_cache.glob("celeba-gender-32-f32-train-*.npy"))
     assert len(f32) == 1
     with open(f32[0], "r+b") as f:
         f.truncate(1000)
@@ -393,13 +400,30 @@ def test_celeba_parallel_decode_and_memory_mapped_split(celeba_root, monkeypatch
     assert "memory-mapped" in files.dataset_info("celeba-gender-32")["storage"]
 
 
-def test_dpgen_cache_env(celeba_root, monkeypatch, tmp_path_factory):
+def test_dataset_cache_location(celeba_root, monkeypatch, tmp_path_factory):
+    """``$DPGEN_CACHE/datasets``, else ``~/.cache/dpgen_bench/datasets``; never inside the data root."""
     root, _ = celeba_root
-    cache = tmp_path_factory.mktemp("cache")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    cache = tmp_path_factory.mktemp("elsewhere")
     monkeypatch.setenv("DPGEN_CACHE", str(cache))
     load_dataset("celeba-hair-32", root=str(root), workers=1)
     assert list((cache / "datasets").glob("celeba-u8-32px-train-*.npy"))
-    assert not (root / ".dpgen_cache").exists()
+    assert files.dataset_info("celeba-hair-32")["cache_files"][0].startswith(str(cache / "datasets"))
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.delenv("DPGEN_CACHE")
+    monkeypatch.setenv("HOME", str(home))
+    load_dataset("celeba-hair-32", root=str(root), workers=1)
+    assert list((home / ".cache" / "dpgen_bench" / "datasets").glob("celeba-u8-32px-train-*.npy"))
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # the data root is only read
+
+
+def test_unwritable_dataset_cache_is_one_user_error_line(celeba_root, monkeypatch, tmp_path):
+    root, _ = celeba_root
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DPGEN_CACHE", str(blocker))
+    with pytest.raises(UserError, match=r"cannot write the datasets cache .*set \$DPGEN_CACHE to a writable"):
+        load_dataset("celeba-gender-32", root=str(root), workers=1)
 
 
 # -------------------------------------------------------------------------- FFHQ

@@ -61,15 +61,15 @@ def test_resolve_device_refuses_unsupported_and_unknown_devices():
 def test_fid_extraction_turns_tf32_off_on_cuda_and_restores_it():
     """cuDNN convolutions default to TF32 on recent GPUs (~1e-3 relative change in the
     Inception features): extraction runs in full fp32 and puts the flags back."""
-    from evaluators.fid import ExtractionPlan, _extraction_mode
+    from evaluators.inception import ExtractionPlan, extraction_mode
 
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        with _extraction_mode(ExtractionPlan(device="cuda", num_threads=None)):
+        with extraction_mode(ExtractionPlan(device="cuda", num_threads=None)):
             assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
         assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-        with _extraction_mode(ExtractionPlan(device="cpu", num_threads=None)):  # nothing to change on the CPU
+        with extraction_mode(ExtractionPlan(device="cpu", num_threads=None)):  # nothing to change on the CPU
             assert torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

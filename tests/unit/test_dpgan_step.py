@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.privacy.dpsgd import make_private
+from fake_context import PartContext
 from methods.dpgan import N_D_SCHEDULE, AdaptiveNd
 
 SHAPE = (1, 16, 16)
@@ -43,7 +44,7 @@ def test_per_example_gradients_are_clipped_to_C_and_averaged_over_2B(mode):
     clipped_sum = [sum(gs[k] * min(1.0, C / n) for gs, n in zip(expected, norms)) for k in range(len(expected[0]))]
 
     opt = torch.optim.SGD(D.parameters(), lr=0.0)
-    gsm, dp_opt = make_private(D, opt, noise_multiplier=0.0, max_grad_norm=C, expected_batch_size=2 * B,
+    gsm, dp_opt = make_private(D, opt, ctx=PartContext(0.0), part="d", max_grad_norm=C, expected_batch_size=2 * B,
                                grad_sample_mode=mode)
     loss = F.binary_cross_entropy_with_logits(gsm(x, y), t)
     loss.backward()
@@ -62,7 +63,7 @@ def test_noise_std_is_sigma_C_over_expected_batch_size():
     sigma, C, ebs = 1.3, 0.7, 64
     gen = torch.Generator().manual_seed(123)
     opt = torch.optim.SGD(D.parameters(), lr=0.0)
-    gsm, dp_opt = make_private(D, opt, noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=ebs,
+    gsm, dp_opt = make_private(D, opt, ctx=PartContext(sigma), part="d", max_grad_norm=C, expected_batch_size=ebs,
                                noise_generator=gen)
     x, y, t = _batch()
     loss = 0.0 * F.binary_cross_entropy_with_logits(gsm(x, y), t)  # zero gradient: pure noise remains
@@ -82,7 +83,7 @@ def test_generator_step_leaves_discriminator_gradients_alone():
 
     m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
     opt_d = torch.optim.Adam(m.D.parameters())
-    gsm, _ = make_private(m.D, opt_d, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=16)
+    gsm, _ = make_private(m.D, opt_d, ctx=PartContext(1.0), part="d", max_grad_norm=1.0, expected_batch_size=16)
     opt_g = torch.optim.Adam(m.G.parameters())
     before = [p.detach().clone() for p in m.G.parameters()]
     m._g_step(gsm, opt_g, torch.device("cpu"))
@@ -156,7 +157,7 @@ def test_d_step_in_physical_chunks_is_the_same_update(method, cap):
         opt = torch.optim.SGD(m.D.parameters(), lr=1.0)
         D = m.D
         if m.private:
-            D, opt = make_private(m.D, opt, noise_multiplier=0.5, max_grad_norm=0.05, expected_batch_size=16,
+            D, opt = make_private(m.D, opt, ctx=PartContext(0.5), part="d", max_grad_norm=0.05, expected_batch_size=16,
                                   noise_generator=torch.Generator().manual_seed(11))
         loss = m._d_step(D, opt, real, fake_x, fake_y)
         return loss, [p.detach().clone() for p in m.D.parameters()]

@@ -18,7 +18,8 @@ from dpgen_bench.privacy.accounting import WOR
 from dpgen_bench.privacy.ledger import PrivacyLedger
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 from methods.dpac import DPAC, AuxiliaryClassifier, DPACHparams
-from methods.gswgan import GSWGAN, GSWGANHparams, ProjectionDiscriminator
+from dpgen_bench.nets.projection import ProjectionDiscriminator
+from methods.gswgan import GSWGAN, GSWGANHparams
 
 SHAPE = (1, 16, 16)
 INFO = DataInfo("digits", SHAPE, 10, 1437)
@@ -204,7 +205,7 @@ def test_dpac_fit_uses_only_the_chosen_subset_and_spends_once_per_generator_step
     monkeypatch.setattr(m, "_generator_loss", spy_gen)
     train = Split(torch.rand(60, *SHAPE) * 2 - 1, torch.randint(0, 10, (60,)))
     ctx = FakeContext(ledger)
-    report = m.fit(train, budget, ctx)
+    m.fit(train, budget, ctx)
 
     # pretraining: each of the 3 discriminators on its own subset (1 iteration × n_d batch)
     pre = [e[1] for e in events[:3]]
@@ -223,6 +224,7 @@ def test_dpac_fit_uses_only_the_chosen_subset_and_spends_once_per_generator_step
     assert pending == [] and set(d_of_subset) <= set(pre)
     assert steps == h.steps == ledger.taken["generator_gradient"]
     assert m.c_real_steps == (h.steps - h.t_c) * h.n_r
+    report = ledger.report()
     assert report.epsilon_rdp <= 10.0 and [p.name for p in report.parts] == ["generator_gradient"]
     assert m.discriminators == []  # discarded
     assert set(m.state_dict()) == {"G"}
@@ -313,7 +315,8 @@ def test_paper_mode_charges_B_per_generator_step_and_takes_T_steps(cls):
     ledger = PrivacyLedger(budget, [part])
     ctx = FakeContext(ledger)
     train = Split(torch.rand(60, *SHAPE) * 2 - 1, torch.randint(0, 10, (60,)))
-    report = m.fit(train, budget, ctx)
+    m.fit(train, budget, ctx)
+    report = ledger.report()
     assert ledger.taken["generator_gradient"] == part.steps  # T generator steps × B
     assert max(r["step"] for r in ctx.records if "step" in r) == TINY["steps"]
     assert report.epsilon_rdp <= 10.0 and m.hook_noise_multiplier(sigma) == pytest.approx(2 * sigma)

@@ -1,0 +1,134 @@
+"""``TrainingContext``: the ``RunContext`` that ``Method.fit`` gets from the runner, also
+usable on its own (an evaluator's reference model, a notebook, a test) with no run
+directory: then nothing is written and checkpoints are never due."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import store
+from .api import PrivacyPart, RunContext
+from .errors import Interrupted
+from .privacy.ledger import PrivacyLedger
+
+RESUME_FILE = "resume.pt"
+CHECKPOINT_FORMAT = 2  # resume.pt layout: {"format", "method", "ledger", "rng", "time", "device"}
+
+
+def checkpoint_interval() -> float:
+    return float(os.environ.get("DPGEN_CHECKPOINT_SECONDS", "300"))
+
+
+class TrainingContext(RunContext):
+    """Privacy counts through ``ledger``; generators, checkpoints and ``train.jsonl`` in
+    ``run_dir`` (None: none of them); ``resume``: a checkpoint read by the runner."""
+
+    # a checkpoint is written at most every CHECKPOINT_OVERHEAD⁻¹ × its own write time, so a
+    # large one (GS-WGAN's paper preset: 1,000 discriminators and their Adam states, ~13 GB)
+    # never takes more than ~5% of training, whatever $DPGEN_CHECKPOINT_SECONDS says
+    CHECKPOINT_OVERHEAD = 0.05
+
+    def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None = None,
+                 resume: dict | None = None):
+        self.device = torch.device(device)
+        self.seed = seed
+        self.ledger = ledger
+        self.run_dir = run_dir
+        self.stop_requested: int | None = None
+        self._resume = resume
+        self.resuming = resume is not None
+        self._restored = False
+        self._generators: dict[str, torch.Generator] = {}
+        self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
+        self._t0 = self._last_checkpoint = time.time()
+        self._checkpoint_seconds = 0.0  # how long the last checkpoint took to write
+        if resume:
+            for name, taken in resume["ledger"].items():
+                if taken:
+                    ledger.spend(name, taken)  # the steps already spent stay spent
+
+    # ------------------------------------------------------------------ privacy
+
+    def part(self, name: str) -> PrivacyPart:
+        return self.ledger.part(name)
+
+    def spend(self, name: str, steps: int = 1) -> None:
+        self.ledger.spend(name, steps)
+
+    # --------------------------------------------------------------- randomness
+
+    def generator(self, name: str, offset: int = 0) -> torch.Generator:
+        if name in self._generators:
+            raise ValueError(f"generator '{name}' was already made in this run")
+        g = torch.Generator(device=self.device).manual_seed(self.seed + offset)
+        if self._restored:
+            g.set_state(self._resume["rng"]["generators"][name])
+        self._generators[name] = g
+        return g
+
+    def _rng_state(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None,
+                "generators": {k: g.get_state() for k, g in self._generators.items()}}
+
+    def restore(self) -> dict | None:
+        if self._resume is None:
+            return None
+        if self._restored:
+            raise RuntimeError("restore() was already called in this run")
+        rng = self._resume["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        for name, g in self._generators.items():
+            g.set_state(rng["generators"][name])
+        self._restored = True
+        return self._resume["method"]
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint_due(self) -> bool:
+        if self.run_dir is None:
+            return False
+        if self.stop_requested is not None:
+            return True
+        interval = checkpoint_interval()
+        if interval <= 0:  # "every chance" (tests, debugging): no overhead cap
+            return True
+        wait = max(interval, self._checkpoint_seconds / self.CHECKPOINT_OVERHEAD)
+        return time.time() - self._last_checkpoint >= wait
+
+    def checkpoint(self, state: dict) -> None:
+        if self.run_dir is None:
+            return
+        t = time.time()
+        with store.atomic_open(self.run_dir / RESUME_FILE) as f:
+            torch.save({"format": CHECKPOINT_FORMAT, "method": state, "ledger": dict(self.ledger.taken),
+                        "rng": self._rng_state(), "time": time.time(), "device": self.device.type}, f)
+        self._last_checkpoint = time.time()
+        self._checkpoint_seconds = self._last_checkpoint - t
+        if self.stop_requested is not None:
+            raise Interrupted(f"stopped by signal {self.stop_requested} after a checkpoint")
+
+    # -------------------------------------------------------- progress, records
+
+    def progress(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)
+
+    def record(self, **values: Any) -> None:
+        if self._train_log:
+            values = {"time": round(time.time() - self._t0, 3), **values}
+            self._train_log.write(store.json_line(values))
+            self._train_log.flush()
+
+    def close(self) -> None:
+        if self._train_log:
+            self._train_log.close()

@@ -1,0 +1,149 @@
+"""The Method contract from a plugin author's side: counting attached to the DPSGD
+optimizer, a method without presets, generators saved and restored by the context, the
+notebook entry points, and refusal of checkpoints of another format."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import dpgen_bench
+from dpgen_bench import registry, store
+from dpgen_bench.api import Budget, Method, PrivacyPart
+from dpgen_bench.cli import cli
+from dpgen_bench.config import DEFAULTS_PRESET, build_config
+from dpgen_bench.context import RESUME_FILE, TrainingContext
+from dpgen_bench.errors import PrivacyViolation
+from dpgen_bench.privacy import PrivacyLedger, calibrate_noise
+from dpgen_bench.privacy.dpsgd import make_private
+
+
+def _ctx(steps=3, sigma=1.0):
+    budget = Budget(1e6)
+    return TrainingContext(torch.device("cpu"), 0, PrivacyLedger(budget, [PrivacyPart("d", sigma, 0.5, steps)]))
+
+
+def test_every_dpsgd_step_is_counted_and_a_step_beyond_the_plan_changes_nothing():
+    ctx = _ctx(steps=3)
+    lin = torch.nn.Linear(4, 1)
+    gsm, opt = make_private(lin, torch.optim.SGD(lin.parameters(), lr=0.1), ctx=ctx, part="d", max_grad_norm=1.0,
+                            expected_batch_size=8)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        gsm(x).pow(2).mean().backward()
+        opt.step()
+    assert ctx.ledger.taken == {"d": 3}
+    before = [p.detach().clone() for p in lin.parameters()]
+    opt.zero_grad()
+    gsm(x).pow(2).mean().backward()
+    with pytest.raises(PrivacyViolation):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))  # no update was applied
+    assert ctx.ledger.taken == {"d": 3}
+
+
+def test_make_private_takes_the_noise_of_the_planned_part():
+    ctx = _ctx(sigma=2.5)
+    lin = torch.nn.Linear(2, 1)
+    _, opt = make_private(lin, torch.optim.SGD(lin.parameters(), lr=0.1), ctx=ctx, part="d", max_grad_norm=1.0,
+                          expected_batch_size=4)
+    assert opt.noise_multiplier == 2.5
+    with pytest.raises(PrivacyViolation, match="not declared"):
+        make_private(lin, torch.optim.SGD(lin.parameters(), lr=0.1), ctx=ctx, part="other", max_grad_norm=1.0,
+                     expected_batch_size=4)
+
+
+def test_generators_are_seeded_by_name_offset_and_restored_on_resume(tmp_path):
+    ctx = TrainingContext(torch.device("cpu"), 7, PrivacyLedger(Budget(1e6), [PrivacyPart("d", 1.0, 0.5, 5)]),
+                          tmp_path)
+    g = ctx.generator("data", offset=1)
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(8)))
+    with pytest.raises(ValueError):
+        ctx.generator("data")
+    ctx.spend("d", 2)
+    ctx.checkpoint({"t": 2})
+    expected = torch.rand(4, generator=g), torch.rand(2)
+    ctx.close()
+
+    state = torch.load(tmp_path / RESUME_FILE, weights_only=True)
+    again = TrainingContext(torch.device("cpu"), 7, PrivacyLedger(Budget(1e6), [PrivacyPart("d", 1.0, 0.5, 5)]),
+                            tmp_path, resume=state)
+    assert again.resuming and again.ledger.taken == {"d": 2}  # spent steps stay spent
+    g2 = again.generator("data", offset=1)
+    torch.rand(10)  # whatever happens before restore() is undone by it
+    assert again.restore() == {"t": 2}
+    assert torch.equal(torch.rand(4, generator=g2), expected[0]) and torch.equal(torch.rand(2), expected[1])
+    again.close()
+
+
+@dataclass(frozen=True)
+class _PlainHparams:
+    steps: int = 2
+
+
+class _NoPresets(Method):
+    """Test-only: a private method without presets."""
+
+    name = "test-no-presets"
+    Hparams = _PlainHparams
+
+    def plan(self, budget):
+        sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=1.0, steps=self.hparams.steps)
+        return [PrivacyPart("p", sigma, 1.0, self.hparams.steps)]
+
+    def fit(self, train, budget, ctx):
+        for _ in range(self.hparams.steps):
+            ctx.spend("p")
+
+    def sample(self, n, labels, rng):
+        labels = torch.zeros(n, dtype=torch.long) if labels is None else labels
+        return torch.rand(n, *self.info.image_shape, generator=rng) * 2 - 1, labels
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.fixture
+def no_presets_method():
+    registry.methods.register(_NoPresets.name, _NoPresets)
+    try:
+        yield _NoPresets.name
+    finally:
+        registry.methods._items.pop(_NoPresets.name, None)
+        registry.methods._meta.pop(_NoPresets.name, None)
+
+
+def test_a_method_without_presets_runs_on_its_defaults(no_presets_method, tmp_path):
+    cfg = build_config(no_presets_method, "digits", epsilon=1.0)
+    assert cfg.preset == DEFAULTS_PRESET and cfg.hparams == {"steps": 2}
+    res = CliRunner().invoke(cli, ["run", "-m", no_presets_method, "--eps", "1", "--eval", "gen2real_mlp",
+                                   "--results", str(tmp_path), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    priv = store.read_json(run / "privacy.json")
+    assert priv["parts"][0]["steps"] == 2 and priv["epsilon"]["rdp"] <= 1.0
+
+
+def test_notebook_entry_points(tmp_path):
+    record = dpgen_bench.run("dummy", "digits", epsilon=2.0, preset="tiny", evaluators=["gen2real_mlp"],
+                             results=str(tmp_path), device="cpu")
+    assert record["privacy"]["epsilon"]["rdp"] <= 2.0 and "gen2real_mlp" in record["metrics"]
+    merged = dpgen_bench.evaluate(record["run_dir"], ["real2gen_mlp"])
+    assert {"gen2real_mlp", "real2gen_mlp"} <= set(merged["metrics"])
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
+    runs = tmp_path / "runs"
+    res = CliRunner().invoke(cli, ["run", "-m", "dummy", "--eps", "1", "--preset", "tiny", "--eval", "gen2real_mlp",
+                                   "--out", str(runs / "r"), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    run = runs / "r"
+    (run / "eval.json").unlink()  # make it look interrupted
+    torch.save({"method": {}, "ledger": {}, "time": 0, "device": "cpu"}, run / RESUME_FILE)  # format 1
+    res = CliRunner().invoke(cli, ["run", "--resume", str(run)])
+    assert res.exit_code == 2 and "checkpoint format 1" in res.output and "Traceback" not in res.output
