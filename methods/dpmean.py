@@ -1,0 +1,126 @@
+"""DP class means: the floor every table should carry.
+
+Not a generative model from a paper: each class's mean image (and, with ``variance``, its
+per-pixel variance) released once with the Gaussian mechanism, and samples drawn as
+independent Gaussian pixels around it. A method that cannot beat this at the same (ε, δ)
+has learned nothing about the data beyond its class means.
+
+Mechanism (add/remove adjacency, as every other method here). Pixels are mapped to
+[0, 1] (x' = (x + 1) / 2) and each image is clipped to L2 norm ``clip``. Three releases,
+each the Gaussian mechanism on the whole training set (sample rate 1, one step):
+
+- ``class_sums``: S_c = Σ_{i in c} clip(x'_i), sensitivity ``clip`` (one record changes
+  one class's row by at most ``clip`` in L2);
+- ``class_counts``: n_c, sensitivity 1;
+- ``class_squares`` (with ``variance``): Q_c = Σ_{i in c} clip(x'_i)², sensitivity ``clip``
+  (0 ≤ x' ≤ 1, so ‖x'²‖₂ ≤ ‖x'‖₂).
+
+Noise: the RDP of a Gaussian release at sample rate 1 is α / (2σ²), so the three compose to
+α / (2σ²) with 1/σ² = Σ_k 1/σ_k². ``calibrate_noise`` gives σ for one release at the
+target; part k gets σ_k = σ / √w_k with the weights ``weights`` (Σ w = 1), so the ledger's
+composition equals the target's calibration. Labels are private: counts are released
+with noise like the sums. The means are S_c / max(n̂_c, 1), variances
+Q_c / max(n̂_c, 1) − mean², floored at ``min_std``²; all of it is post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
+from dpgen_bench.privacy import calibrate_noise
+
+SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
+
+
+@dataclass(frozen=True)
+class DPMeanHparams:
+    clip: float = 4.0  # L2 bound on each image in [0, 1] pixel units
+    variance: bool = True  # also release per-pixel variances (else samples are mean + fixed noise)
+    weights: str = "0.45,0.1,0.45"  # share of the privacy budget (in 1/σ²) of sums, counts, squares
+    min_std: float = 0.05  # floor of the per-pixel std of samples ([0, 1] units); the std without variance
+
+    def __post_init__(self):
+        if not self.clip > 0:
+            raise ValueError("clip must be > 0")
+        if not self.min_std >= 0:
+            raise ValueError("min_std must be ≥ 0")
+        w = self.shares()
+        if len(w) != 3 or any(x < 0 for x in w) or w[0] == 0 or w[1] == 0 or (self.variance and w[2] == 0):
+            raise ValueError("weights must be three non-negative numbers (sums, counts, squares); sums and "
+                             "counts (and squares with variance) > 0")
+
+    def shares(self) -> tuple[float, ...]:
+        try:
+            w = [float(x) for x in self.weights.split(",")]
+        except ValueError:
+            raise ValueError(f"weights must be three numbers, got {self.weights!r}") from None
+        if len(w) == 3 and not self.variance:
+            w[2] = 0.0
+        total = sum(w)
+        return tuple(x / total for x in w) if total > 0 else tuple(w)
+
+
+class DPMean(Method):
+    """DP class means (and pixel variances) by the Gaussian mechanism: the floor of every table."""
+
+    name = "dpmean"
+    private = True
+    conditional = True
+    Hparams = DPMeanHparams
+    presets = {
+        # digits: clip chosen on the validation part at ε = 10 (benchmarks/presets.md)
+        "quick": {"digits": dict(clip=8.0, samples_per_class=100), "*": dict(samples_per_class=100)},
+        "tiny": {"*": dict(samples_per_class=10)},
+    }
+
+    def __init__(self, hparams: DPMeanHparams, info: DataInfo):
+        super().__init__(hparams, info)
+        self.mean = torch.full((info.num_classes, *info.image_shape), 0.5)
+        self.std = torch.full_like(self.mean, hparams.min_std)
+
+    def plan(self, budget: Budget) -> list[PrivacyPart]:
+        sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=1.0, steps=1)
+        names = (SUMS, COUNTS, SQUARES)
+        # (1 + 1e-9): the parts' RDP sums to the calibrated one up to rounding, never above it
+        return [PrivacyPart(n, sigma / math.sqrt(w) * (1 + 1e-9), 1.0, 1) for n, w in zip(names, self.hparams.shares())
+                if w > 0]
+
+    def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
+        h, dev, gen = self.hparams, ctx.device, ctx.generator("noise")
+        x = ((train.images.to(dev).flatten(1) + 1) / 2).clamp(0, 1)
+        x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))  # ‖x'ᵢ‖ ≤ clip
+        onehot = F.one_hot(train.labels.to(dev), self.info.num_classes).to(x.dtype)
+
+        def release(part: str, value: torch.Tensor, sensitivity: float) -> torch.Tensor:
+            ctx.spend(part)  # counted before the release is used
+            std = ctx.part(part).noise_multiplier * sensitivity
+            return value + std * torch.randn(value.shape, generator=gen, device=dev)
+
+        sums = release(SUMS, onehot.T @ x, h.clip)
+        counts = release(COUNTS, onehot.sum(0), 1.0).clamp(min=1.0)[:, None]
+        mean = (sums / counts).clamp(0, 1)
+        std = torch.full_like(mean, h.min_std)
+        if h.variance:
+            squares = release(SQUARES, onehot.T @ (x * x), h.clip)
+            std = (squares / counts - mean ** 2).clamp(min=h.min_std ** 2).sqrt()
+        shape = (self.info.num_classes, *self.info.image_shape)
+        self.mean, self.std = mean.view(shape).cpu(), std.view(shape).cpu()
+        ctx.record(noisy_counts=counts.flatten().tolist(), mean_std=float(std.mean()))
+
+    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
+        if labels is None:
+            labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
+        labels = labels.long().cpu()
+        x = self.mean[labels] + self.std[labels] * torch.randn(n, *self.info.image_shape, generator=rng)
+        return (x.clamp(0, 1) * 2 - 1), labels
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.std = state["mean"], state["std"]
