@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# torch/torchvision pair that imports on this machine (the local torch-2.13.0+cpu wheel
-# breaks PyPI's torchvision; see ../shared/FACTS.md).
+# A torch/torchvision pair that imports together: a local torch 2.13.0+cpu wheel with PyPI's
+# torchvision fails at import ("operator torchvision::nms does not exist"), and
+# torch-fidelity imports torchvision.
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .PHONY: install demo test test-all clean bench-dp
@@ -19,9 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	rm -rf results/demo
-	$(BIN)/bench run --method dpgan --dataset digits --eps 10 --preset quick --seed 0 --results results/demo
-	$(BIN)/bench report --results results/demo
+	$(BIN)/bench sweep --method dpgan --dataset digits --eps 10 --preset quick --seeds 0 --no-report
+	$(BIN)/bench report
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15

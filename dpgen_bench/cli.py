@@ -18,6 +18,8 @@ from .errors import Interrupted, PrivacyViolation, UserError
 from .logs import setup_logging
 
 log = logging.getLogger("dpgen_bench")
+TEST_PRESET = "tiny"
+TEST_PRESET_NOTE = "tests only: seconds of training, not a benchmark"
 
 
 class BenchGroup(click.Group):
@@ -176,19 +178,22 @@ def eval_(run_dir, evaluators, data_root):
 
 @cli.command()
 @_run_options
-def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split):
+@click.option("--members", type=int, default=None, help="Plan for a run on N training images only (as bench run).")
+def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members):
     """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
     from . import runner
     from .privacy import fmt_eps
 
     cfg = build_config(method, dataset, epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets,
-                       config_file=config_file, seed=seed, eval_split=eval_split)
-    prepared = runner.prepare(cfg, data_root)
-    if not prepared.budget.private:
+                       config_file=config_file, seed=seed, eval_split=eval_split, members=members)
+    plan = runner.privacy_plan(cfg, data_root)
+    if not plan.ledger.budget.private:
         click.echo(f"method {cfg.method} is not private (ε = ∞): it has no private parts to account")
         return
-    rep = prepared.ledger.planned_report()
-    click.echo(f"method {cfg.method}, dataset {cfg.dataset} (N={len(prepared.data.train)}), preset {cfg.preset}")
+    rep = plan.ledger.planned_report()
+    click.echo(f"method {cfg.method}, dataset {cfg.dataset} (N={plan.n_train}), preset {cfg.preset}")
+    if plan.standard:
+        click.echo(plan.standard)
     click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")
     click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) |")
     click.echo("|---|---|---|---|---|---|")
@@ -219,11 +224,14 @@ def list_(what):
         elif what == "datasets":
             click.echo(f"{name}\t{_first_line(obj)}")
         elif what == "evaluators":
-            click.echo(f"{name}\t{'higher' if obj.higher_is_better else 'lower'} is better\t{_first_line(obj)}")
+            ideal = getattr(obj, "ideal", None)
+            direction = (f"{ideal:g} is ideal" if ideal is not None else
+                         f"{'higher' if obj.higher_is_better else 'lower'} is better")
+            click.echo(f"{name}\t{direction}\t{_first_line(obj)}")
         else:
             for preset in list(obj.presets) or [DEFAULTS_PRESET]:  # ``defaults``: every method has it
-                if preset != "tiny":
-                    click.echo(f"{name}\t{preset}\t{', '.join(sorted(obj.presets.get(preset, ['*'])))}")
+                note = f"\t{TEST_PRESET_NOTE}" if preset == TEST_PRESET else ""
+                click.echo(f"{name}\t{preset}\t{', '.join(sorted(obj.presets.get(preset, ['*'])))}{note}")
 
 
 def _first_line(obj) -> str:
@@ -236,11 +244,11 @@ def _first_line(obj) -> str:
 
 @cli.command()
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
-@click.option("--layout", type=click.Choice(["a", "b", "c", "runs"]), default="a",
+@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "runs"]), default="a",
               help="a: (ε, method) × (dataset, metric); b: method × metrics for one (dataset, ε); "
-                   "c: MIA AUC per attack and member count; runs: one row per run.")
-@click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layout a) [default: all].")
-@click.option("--dataset", default=None, help="Dataset (layouts b, c) [default: the first].")
+                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); runs: one row per run.")
+@click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layouts a, d) [default: all].")
+@click.option("--dataset", default=None, help="Dataset [default: layout b: the first; the others: all].")
 @click.option("--eps", type=float, default=None, help="Target ε (layout b) [default: all].")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "latex", "csv"]), default="markdown")
 @click.option("--out", default=None, help="Write the table to this file instead of stdout.")
@@ -253,11 +261,16 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
     from .report import table as T
 
     root = store.results_root(results)
-    if not root.is_dir():
-        raise UserError(f"no results directory at {root}")
+    _check_results_root(root)
+    if out:
+        _check_writable(Path(out).parent, f"--out {out}")
+        if Path(out).is_dir():
+            raise UserError(f"--out {out} is a directory; give a file name")
+    if figures:
+        _check_writable(Path(figures), f"--figures {figures}")
     long, skipped = T.collect(root)
     if skipped:
-        log.warning("skipped %d incomplete or failed run(s) under %s", skipped, root)
+        log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, root)
     if long.empty:
         raise UserError(f"no completed runs under {root}")
     full = long
@@ -269,22 +282,24 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
         tab = T.runs_table(long)
     else:
         agg = T.aggregate(full)
+        chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+        if chosen:
+            unknown = set(chosen) - set(agg["metric"])
+            if unknown:
+                raise UserError(f"--metric: no runs recorded {sorted(unknown)}")
+        ours_datasets = set(long["dataset"])
+        shown = agg[agg["dataset"].isin(ours_datasets) if not dataset else agg["dataset"] == dataset]
         if layout == "a":
-            chosen = [m.strip() for m in metrics.split(",")] if metrics else None
-            if chosen:
-                unknown = set(chosen) - set(agg["metric"])
-                if unknown:
-                    raise UserError(f"--metric: no runs recorded {sorted(unknown)}")
-            ours_datasets = set(long["dataset"])
-            tab = T.layout_a(agg[agg["dataset"].isin(ours_datasets) if not dataset else agg["dataset"] == dataset],
-                             chosen)
+            tab = T.layout_a(shown, chosen)
+        elif layout == "d":
+            tab = T.layout_d(shown, chosen)
         elif layout == "b":
             dataset = dataset or sorted(long["dataset"].unique())[0]
             tab = T.layout_b(agg, dataset, eps)
         else:
             tab = T.layout_c(agg, dataset)
     if not tab.rows:
-        raise UserError("nothing to report for this selection")
+        raise UserError(_nothing_to_report(layout, long, dataset, eps))
     text = T.RENDERERS[fmt](tab)
     if fmt == "csv":  # CSV has no room for notes: the ‡ cells are explained on stderr
         for note in tab.notes:
@@ -298,8 +313,56 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
     if figures:
         from .report.figures import all_figures
 
-        paths = all_figures(full, T.aggregate(full), root, Path(figures))
+        paths = all_figures(full, T.aggregate(full), Path(figures))
         log.info("wrote %d figure files to %s", len(paths), figures)
+
+
+def _check_results_root(root: Path) -> None:
+    """The results root exists and can be listed; else one line that says where runs go."""
+    if not root.is_dir():
+        elsewhere = _run_roots_beside(root)
+        hint = f"; runs were found under {', '.join(elsewhere)} (bench report --results DIR)" if elsewhere else ""
+        raise UserError(f"no results directory at {root} (bench run writes runs to --results DIR, else "
+                        f"$DPGEN_RESULTS, else results/runs){hint}")
+    try:
+        next(iter(root.iterdir()), None)
+    except OSError as e:
+        raise UserError(f"cannot read the results directory {root}: {e.strerror or e}") from None
+
+
+def _run_roots_beside(root: Path, limit: int = 3) -> list[str]:
+    """Directories next to ``root`` that hold run directories (a config.json one level down)."""
+    found = []
+    try:
+        for d in sorted(p for p in root.parent.iterdir() if p.is_dir() and p != root):
+            if any((run / "config.json").is_file() for run in d.iterdir() if run.is_dir()):
+                found.append(str(d))
+            if len(found) == limit:
+                break
+    except OSError:
+        pass
+    return found
+
+
+def _check_writable(directory: Path, what: str) -> None:
+    try:
+        store.probe_writable_dir(directory)
+    except OSError as e:
+        raise UserError(f"{what}: cannot write into {directory}: {e.strerror or e}") from None
+
+
+def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None) -> str:
+    have = ", ".join(sorted(long["dataset"].unique()))
+    if layout == "c":
+        where = f" on {dataset}" if dataset else ""
+        return (f"layout c shows membership inference, and no run{where} has an mia_auc_* metric: run with "
+                "--members N --eval mia_auc_full_black_box (or another mia_auc_* evaluator)")
+    if layout == "b":
+        at = f" at ε = {eps:g}" if eps is not None else ""
+        return f"layout b: no completed run on {dataset}{at} (datasets with runs: {have})"
+    if dataset:
+        return f"no completed run on {dataset} (datasets with runs: {have})"
+    return "nothing to report for this selection"
 
 
 # ----------------------------------------------------------------------- sweep

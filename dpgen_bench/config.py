@@ -30,6 +30,7 @@ from .registry import suggest
 DEFAULT_DELTA = 1e-5
 DEFAULTS_PRESET = "defaults"
 DEFAULT_EVALUATORS = ("gen2real_cnn",)
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too, with the offsets methods add
 RUN_KEYS = ("evaluators", "samples_per_class", "delta")  # delta: a paper that fixes δ (CLI --delta wins)
 
 
@@ -140,9 +141,12 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
         return int(f)
     if annotation is float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise UserError(f"--set {key}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise UserError(f"--set {key}: expected a finite number, got {value!r}")
+        return number
     if annotation is str:
         return str(value)
     return value
@@ -219,6 +223,18 @@ def default_preset(method_cls: type, dataset: str) -> str:
     return "quick" if "*" in presets.get("quick", {}) else "paper" if "paper" in presets else DEFAULTS_PRESET
 
 
+def parse_seed(value: Any) -> int:
+    """A seed: an integer from 0 to ``MAX_SEED`` (an int, or its digits in a string)."""
+    seed = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seed = value
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        seed = int(value)
+    if seed is None or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be an integer from 0 to {MAX_SEED}, got {value!r}")
+    return seed
+
+
 def parse_n_d(value: str | int | None) -> int | str | None:
     """``--n-d``: a positive integer or ``adaptive``."""
     if value is None or value == "adaptive":
@@ -273,7 +289,7 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
         delta = file_cfg.get("delta", run_level.get("delta", DEFAULT_DELTA))
     kwargs = dict(
         method=method, dataset=dataset, epsilon=float(epsilon), delta=float(delta), preset=preset,
-        seed=int(seed if seed is not None else file_cfg.get("seed", 0)),
+        seed=parse_seed(seed if seed is not None else file_cfg.get("seed", 0)),
         members=members if members is not None else file_cfg.get("members"),
         device=device or file_cfg.get("device", "auto"),
         samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),

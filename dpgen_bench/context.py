@@ -4,6 +4,7 @@ directory: then nothing is written and checkpoints are never due."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -19,10 +20,62 @@ from .privacy.ledger import PrivacyLedger
 
 RESUME_FILE = "resume.pt"
 CHECKPOINT_FORMAT = 2  # resume.pt layout: {"format", "method", "ledger", "rng", "time", "device"}
+log = logging.getLogger("dpgen_bench")
 
 
 def checkpoint_interval() -> float:
     return float(os.environ.get("DPGEN_CHECKPOINT_SECONDS", "300"))
+
+
+def progress_interval() -> float:
+    """Seconds between progress lines when stderr is not a terminal (``$DPGEN_PROGRESS_SECONDS``, default 30)."""
+    return float(os.environ.get("DPGEN_PROGRESS_SECONDS", "30"))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class LogProgress:
+    """A progress bar for a stderr that is not a terminal (a log file, a job scheduler, CI),
+    where tqdm prints nothing: a log line every ``interval`` seconds with the phase,
+    step / total, steps/s and ETA, and one when the phase ends. The rate counts from the
+    first update (a resumed run's jump to its start step is not a step taken here)."""
+
+    def __init__(self, total: int, desc: str, interval: float):
+        self.total, self.desc, self.interval, self.n = int(total), desc, interval, 0
+        self._t0 = self._last = self._t_first = time.monotonic()
+        self._n0: int | None = None  # n at the first update
+        self._closed = False
+
+    def update(self, n: int = 1) -> None:
+        now = time.monotonic()
+        if self._n0 is None:
+            self._n0, self._t_first = self.n + n, now
+        self.n += n
+        if now - self._last >= self.interval and self.n < self.total:
+            self._last = now
+            log.info("%s", self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        done = self.n - (self._n0 or 0)
+        rate = done / (now - self._t_first) if done > 0 and now > self._t_first else None
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        speed = f", {rate:.3g} steps/s" if rate else ""
+        eta = f", ETA {_duration((self.total - self.n) / rate)}" if rate and self.total >= self.n else ""
+        return f"{self.desc}: step {self.n}/{self.total}{pct}{speed}{eta}"
+
+    def close(self) -> None:
+        if self._n0 is not None and not self._closed:
+            log.info("%s: %d/%d steps in %s", self.desc, self.n, self.total, _duration(time.monotonic() - self._t0))
+        self._closed = True
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 class TrainingContext(RunContext):
@@ -119,6 +172,9 @@ class TrainingContext(RunContext):
     # -------------------------------------------------------- progress, records
 
     def progress(self, total: int, desc: str):
+        """tqdm's bar on a terminal; elsewhere a log line every ``progress_interval()`` seconds."""
+        if not sys.stderr.isatty():
+            return LogProgress(total, desc, progress_interval())
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)

@@ -5,6 +5,10 @@ class UserError(Exception):
     """A mistake in the user's input (flag, name, file, budget): one clear line, no traceback."""
 
 
+class BudgetTooLow(UserError, ValueError):
+    """No noise is large enough for the target ε (the calibration gave up): the plan is infeasible."""
+
+
 class PrivacyViolation(RuntimeError):
     """A method spent more privacy than it was granted. Never caught silently."""
 

@@ -23,11 +23,15 @@ import numpy as np
 import torch
 
 from . import registry, store
-from .api import Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
+from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
 from .config import RunConfig
 from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext
 from .data import load_dataset
-from .errors import Interrupted, PrivacyViolation, UserError
+from .data.files import MissingDataFiles
+from .data.files import data_root as data_root_of
+from .data.standard import standard_split
+from .errors import BudgetTooLow, Interrupted, PrivacyViolation, UserError
+from .privacy.accounting import reachability_only
 from .privacy.ledger import PrivacyLedger
 
 log = logging.getLogger("dpgen_bench")
@@ -90,35 +94,177 @@ def budget_of(config: RunConfig, method_cls: type) -> Budget:
     return Budget(epsilon=epsilon, delta=delta)
 
 
-def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
-    """Validate everything and calibrate the privacy plan, without training."""
+def check_config(config: RunConfig) -> tuple[type, Budget]:
+    """The method class and budget of ``config``, after every check that needs no data."""
     method_cls = registry.methods.get(config.method)
     budget = budget_of(config, method_cls)
     for name in config.evaluators:
-        registry.evaluators.get(name)
+        evaluator = registry.evaluators.get(name)
+        if getattr(evaluator, "needs_members", False) and config.members is None:
+            raise UserError(f"--eval {name} needs --members N (membership inference trains on N training images "
+                            "and attacks them; the DPAF appendix uses 64 and 128)")
     if config.samples_per_class < 1:
         raise UserError("samples_per_class must be ≥ 1")
+    return method_cls, budget
+
+
+def check_method_evaluators(config: RunConfig, method: Method) -> None:
+    """Evaluators that need something of the built method (a latent input)."""
+    for name in config.evaluators:
+        if getattr(registry.evaluators.get(name), "needs_latent", False) and method.latent_dim is None:
+            raise UserError(f"--eval {name} needs a method with a latent input (generate(z, labels)); "
+                            f"'{config.method}' has none (mia_auc_full_black_box needs only its samples)")
+
+
+def check_members(config: RunConfig, dataset: str, n_train: int, n_test: int) -> None:
+    if config.members is not None and not (1 <= config.members <= min(n_train, n_test)):
+        raise UserError(f"--members must be between 1 and {min(n_train, n_test)} for '{dataset}' (train {n_train}, "
+                        f"test {n_test}), got {config.members}")
+
+
+def _warn_delta(budget: Budget, n_train: int) -> None:
+    if budget.private and budget.delta >= 1 / n_train:
+        log.warning("δ=%g ≥ 1/N=%g: the guarantee allows leaking a whole record; use δ < 1/N", budget.delta,
+                    1 / n_train)
+
+
+def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
+    """Validate everything and calibrate the privacy plan, without training."""
+    method_cls, budget = check_config(config)
     device = resolve_device(config.device)
     data = load_dataset(config.dataset, config.eval_split, root=data_root)
+    check_members(config, data.name, len(data.train), len(data.test))
     if config.members is not None:
-        if not (1 <= config.members <= min(len(data.train), len(data.test))):
-            raise UserError(f"--members must be between 1 and {min(len(data.train), len(data.test))} for "
-                            f"'{data.name}' (train {len(data.train)}, test {len(data.test)}), got {config.members}")
         data = data.with_members(config.members, seed=config.seed)
-    if budget.private and budget.delta >= 1 / len(data.train):
-        log.warning("δ=%g ≥ 1/N=%g: the guarantee allows leaking a whole record; use δ < 1/N", budget.delta,
-                    1 / len(data.train))
-    hp = method_cls.Hparams(**config.hparams)
+    _warn_delta(budget, len(data.train))
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
-    seed_everything(config.seed)  # methods build (and initialise) their networks here: same seed, same run
-    method = method_cls(hp, info)
-    ledger = PrivacyLedger(budget, method.plan(budget))  # refuses a plan over the target
+    method = build_method(config, method_cls, info)
+    check_method_evaluators(config, method)
+    ledger = plan_ledger(config, method, budget)
     return Prepared(config, method, data, ledger, device, data_root)
+
+
+def build_method(config: RunConfig, method_cls: type, info: DataInfo) -> Method:
+    seed_everything(config.seed)  # methods build (and initialise) their networks here: same seed, same run
+    return method_cls(method_cls.Hparams(**config.hparams), info)
+
+
+@dataclasses.dataclass
+class PlanOnly:
+    """What ``bench privacy`` prints: the calibrated plan and the N it was calibrated for;
+    ``standard`` says where N came from when the dataset's files were not there."""
+
+    ledger: PrivacyLedger
+    n_train: int
+    standard: str | None = None
+
+
+def privacy_plan(config: RunConfig, data_root: str | None = None) -> PlanOnly:
+    """The calibrated plan of ``config``. A method's plan needs only N (and the image shape
+    and classes): without the files of a named dataset, its standard split gives them."""
+    try:
+        p = prepare(config, data_root)
+        return PlanOnly(p.ledger, len(p.data.train))
+    except MissingDataFiles:
+        split = standard_split(config.dataset, data_root)
+        if split is None:
+            raise
+    method_cls, budget = check_config(config)
+    n_train, n_test = split.n_train, split.n_test
+    if config.eval_split == "val":  # ImageData.with_validation: sklearn's test part is ceil(fraction · N)
+        n_test = math.ceil(VAL_FRACTION * n_train)
+        n_train -= n_test
+    check_members(config, config.dataset, n_train, n_test)
+    if config.members is not None:
+        n_train = config.members
+    _warn_delta(budget, n_train)
+    method = build_method(config, method_cls, DataInfo(config.dataset, split.image_shape, split.num_classes, n_train))
+    check_method_evaluators(config, method)
+    note = (f"N={n_train} from the standard split ({split.source}); the dataset's files are not under "
+            f"{data_root_of(data_root)}, and the plan does not need them")
+    return PlanOnly(plan_ledger(config, method, budget), n_train, note)
+
+
+def _too_low(e: Exception) -> bool:
+    """The calibration's "no noise is enough" (ours, or Opacus' own from a plugin that calls it)."""
+    return isinstance(e, BudgetTooLow) or (isinstance(e, ValueError) and "budget is too low" in str(e).lower())
+
+
+def plan_ledger(config: RunConfig, method: Method, budget: Budget) -> PrivacyLedger:
+    """The method's calibrated plan in a ledger. A plan refused at this ε (no noise is large
+    enough, a fixed noise allows no step, a split leaves a part nothing) is one line that
+    names the smallest ε that works for this method, preset and data, when there is one."""
+    try:
+        ledger = PrivacyLedger(budget, method.plan(budget))
+    except (UserError, ValueError) as e:
+        if not (isinstance(e, UserError) or _too_low(e)) or not budget.private:
+            raise
+        smallest = smallest_feasible_epsilon(method, budget)
+        if smallest is None and not _too_low(e):
+            raise  # not a matter of ε
+        where = (f"{config.method} (preset {config.preset}, dataset {config.dataset}, N={method.info.n_train}, "
+                 f"δ={budget.delta:g})")
+        why = "no noise multiplier is large enough" if _too_low(e) else str(e)
+        fix = (f"the smallest ε that works is {smallest:g}" if smallest is not None else
+               f"no ε up to {FEASIBLE_EPS_MAX:g} works")
+        raise UserError(f"--eps {budget.epsilon:g} is infeasible for {where}: {why}; {fix}") from None
+    _warn_full_batches(config, ledger, method.info.n_train)
+    return ledger
+
+
+FEASIBLE_EPS_MAX = 1e4
+
+
+def smallest_feasible_epsilon(method: Method, budget: Budget, rel: float = 5e-3) -> float | None:
+    """The smallest ε (3 significant digits, rounded up) whose plan the method calibrates at
+    ``budget.delta``: searched upwards from ``budget.epsilon`` (infeasible) by factors of 4,
+    then bisected on log ε to ``rel`` (feasibility is monotone in ε). Calibrations only
+    check reachability (``reachability_only``: one memoised composition per part, the same
+    answer as a full calibration), so the search costs about a dozen cheap plans."""
+
+    def feasible(eps: float) -> bool:
+        b = Budget(eps, budget.delta)
+        try:
+            PrivacyLedger(b, method.plan(b))
+        except (UserError, ValueError, PrivacyViolation):  # BudgetTooLow, "allows no step", over the target
+            return False
+        return True
+
+    with reachability_only():
+        lo = hi = budget.epsilon
+        while True:
+            lo, hi = hi, hi * 4
+            if hi > FEASIBLE_EPS_MAX:
+                return None
+            if feasible(hi):
+                break
+        while hi / lo > 1 + rel:
+            mid = math.sqrt(lo * hi)
+            if feasible(mid):
+                hi = mid
+            else:
+                lo = mid
+    scale = 10.0 ** (math.floor(math.log10(hi)) - 2)
+    return float(f"{math.ceil(hi / scale) * scale:.3g}")
+
+
+def _warn_full_batches(config: RunConfig, ledger: PrivacyLedger, n_train: int) -> None:
+    """A batch as large as the training set: legal, but the sample rate becomes 1 and
+    subsampling no longer amplifies privacy; almost surely a mistake."""
+    full = [p.name for p in ledger.planned.values() if p.sample_rate >= 1 and p.steps > 0]
+    big = [f"{k}={v}" for k, v in config.hparams.items()
+           if (k == "batch_size" or k.endswith("_batch_size")) and type(v) is int and v >= n_train]
+    if full and big:
+        log.warning("%s ≥ N=%d training images: part%s %s sample%s at rate 1 (the whole training set every step, "
+                    "no amplification by subsampling)", ", ".join(big), n_train, "s" if len(full) > 1 else "",
+                    ", ".join(f"'{n}'" for n in full), "" if len(full) > 1 else "s")
 
 
 def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> Path:
     if out:
         run_dir = Path(out)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UserError(f"--out {run_dir} exists and is not a directory")
         if run_dir.exists() and any(run_dir.iterdir()):
             raise UserError(f"--out {run_dir} exists and is not empty")
         parent = run_dir.parent
@@ -410,21 +556,30 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file() or not (run_dir / "checkpoint.pt").is_file():
         raise UserError(f"{run_dir} is not a finished run directory (no config.json / checkpoint.pt)")
-    raw = store.read_json(run_dir / "config.json")
-    raw.pop("run_id", None)
-    cfg = RunConfig.from_json(raw)
+    try:
+        raw = store.read_json(run_dir / "config.json")
+        raw.pop("run_id", None)
+        cfg = RunConfig.from_json(raw)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"cannot read the run's config {run_dir / 'config.json'}: {type(e).__name__}: {e}") from None
     if evaluators:
         cfg = dataclasses.replace(cfg, evaluators=tuple(evaluators))
     method_cls = registry.methods.get(cfg.method)
-    for name in cfg.evaluators:
-        registry.evaluators.get(name)
+    members = (run_dir / "membership.npz").is_file()
+    check_config(cfg if members else dataclasses.replace(cfg, members=None))
+    old = _read_eval(run_dir)
+    try:
+        store.probe_writable_dir(run_dir)
+    except OSError as e:
+        raise UserError(f"cannot write {run_dir / store.COMPLETE_MARKER}: {e.strerror or e}") from None
     data = load_dataset(cfg.dataset, cfg.eval_split, root=data_root)
-    if (run_dir / "membership.npz").is_file():
+    if members:
         m = np.load(run_dir / "membership.npz")
         data = dataclasses.replace(data, train=data.train.subset(m["member_indices"]),
                                    member_indices=m["member_indices"], nonmember_indices=m["nonmember_indices"])
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
     method = method_cls(method_cls.Hparams(**cfg.hparams), info)
+    check_method_evaluators(cfg, method)
     try:
         state = torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu")
         method.load_state_dict(state)
@@ -435,14 +590,30 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     labels = torch.from_numpy(samples["labels"]) if method.conditional else None
     seed_everything(cfg.seed)
     result = run_evaluators(cfg, data, method, resolve_device(cfg.device), images, labels, data_root)
-    old = store.read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else {"metrics": {},
-                                                                                              "protocol": {}}
     old["metrics"].update(result["metrics"])
     timings = {**old["protocol"].get("timings", {}), **result["protocol"].pop("timings", {})}
     old["protocol"].update(result["protocol"])
     old["protocol"]["timings"] = timings
     store.write_json(run_dir / store.COMPLETE_MARKER, old)
     return old
+
+
+def _read_eval(run_dir: Path) -> dict[str, Any]:
+    """The run's ``eval.json`` to merge new metrics into (empty when there is none); one line
+    when it cannot be read or is not an evaluation record, before anything is evaluated."""
+    path = run_dir / store.COMPLETE_MARKER
+    if not path.exists():
+        return {"metrics": {}, "protocol": {}}
+    try:
+        old = store.read_json(path)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UserError(f"{path} is not valid JSON ({' '.join(str(e).split())})") from None
+    if not isinstance(old, dict) or not isinstance(old.get("metrics", {}), dict) or not isinstance(
+            old.get("protocol", {}), dict):
+        raise UserError(f"{path} is not an evaluation record (an object with 'metrics' and 'protocol')")
+    return {"metrics": {}, "protocol": {}, **old}
 
 
 def save_grid(images: torch.Tensor, labels: torch.Tensor, class_names, path: Path, per_class: int = 10) -> None:

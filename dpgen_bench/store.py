@@ -124,6 +124,26 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+def probe_writable_dir(path: str | os.PathLike) -> None:
+    """Prove that files can be written into the directory ``path`` (made if absent) by
+    writing and removing an empty one; on failure remove the directories made here and
+    raise the ``OSError``. For refusing an unwritable output before any work is done."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(20, "exists and is not a directory", str(path))
+    made = [d for d in [path, *path.parents] if not d.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path, prefix=".write-probe.")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError:
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
 def new_run_id(method: str, dataset: str, epsilon: float, seed: int) -> str:
     eps = "inf" if not math.isfinite(epsilon) else f"{epsilon:g}"
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -182,17 +202,81 @@ def iter_run_dirs(root: Path) -> Iterator[Path]:
             yield p
 
 
+class DamagedRecord(Exception):
+    """A complete run directory whose record cannot be read as one: what is wrong, in one line."""
+
+
+def _is_number(v: Any) -> bool:
+    """A number as a record holds it (inf and nan are written as strings, see ``_finite``)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, (int, float)):
+        return True
+    if not isinstance(v, str):
+        return False
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _object(name: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        kind = "null" if value is None else f"a {type(value).__name__}"
+        raise DamagedRecord(f"{name} holds {kind}, not an object")
+    return value
+
+
+def _numbers(name: str, obj: dict, key: str, fields: tuple[str, ...]) -> None:
+    """``obj[key]`` is an object whose ``fields`` are numbers."""
+    if key not in obj:
+        raise DamagedRecord(f"{name} has no '{key}'")
+    inner = _object(f"{name} '{key}'", obj[key])
+    for field in fields:
+        if not _is_number(inner.get(field)):
+            raise DamagedRecord(f"{name} '{key}.{field}' is {inner.get(field)!r}, not a number")
+
+
+def check_record(config: Any, privacy: Any, evaluation: Any) -> None:
+    """Raise ``DamagedRecord`` unless the three files have the shape of a record."""
+    config = _object("config.json", config)
+    for key in ("method", "dataset"):
+        if not isinstance(config.get(key), str):
+            raise DamagedRecord(f"config.json has no '{key}'" if key not in config else
+                                f"config.json '{key}' is {config[key]!r}, not a name")
+    privacy = _object("privacy.json", privacy)
+    _numbers("privacy.json", privacy, "target", ("epsilon", "delta"))
+    _numbers("privacy.json", privacy, "epsilon", ("rdp", "prv"))
+    evaluation = _object("eval.json", evaluation)
+    metrics = _object("eval.json 'metrics'", evaluation.get("metrics", {}))
+    bad = [k for k, v in metrics.items() if not _is_number(v)]
+    if bad:
+        raise DamagedRecord(f"eval.json metric '{bad[0]}' is {metrics[bad[0]]!r}, not a number")
+    if not isinstance(evaluation.get("protocol", {}), dict):
+        raise DamagedRecord("eval.json 'protocol' is not an object")
+
+
 def load_record(run_dir: Path) -> dict[str, Any] | None:
-    """The complete record of a run, or None if it is incomplete or unreadable."""
+    """The complete record of a run; None while it is incomplete (no ``eval.json``).
+    ``DamagedRecord`` (with what is wrong) when a file cannot be read or is not the
+    shape of a record."""
     if not is_complete(run_dir):
         return None
+    files = {}
+    for key in ("config", "privacy", "eval"):
+        name = f"{key}.json"
+        try:
+            files[key] = read_json(run_dir / name)
+        except FileNotFoundError:
+            raise DamagedRecord(f"{name} is missing") from None
+        except OSError as e:
+            raise DamagedRecord(f"cannot read {name}: {e.strerror or e}") from None
+        except ValueError as e:  # truncated or not JSON
+            raise DamagedRecord(f"{name} is not valid JSON ({' '.join(str(e).split())})") from None
+    check_record(files["config"], files["privacy"], files["eval"])
     try:
-        return {
-            "run_dir": str(run_dir),
-            "config": read_json(run_dir / "config.json"),
-            "privacy": read_json(run_dir / "privacy.json"),
-            "eval": read_json(run_dir / "eval.json"),
-            "finished": (run_dir / COMPLETE_MARKER).stat().st_mtime,
-        }
-    except (OSError, ValueError):
-        return None
+        finished = (run_dir / COMPLETE_MARKER).stat().st_mtime
+    except OSError as e:
+        raise DamagedRecord(f"cannot stat {COMPLETE_MARKER}: {e.strerror or e}") from None
+    return {"run_dir": str(run_dir), **files, "finished": finished}

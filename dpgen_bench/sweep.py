@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import registry, runner, store
-from .config import RunConfig, build_config
+from .config import MAX_SEED, RunConfig, build_config, parse_seed
 from .errors import UserError
 from .logs import setup_logging
 
@@ -58,27 +58,61 @@ def _listify(v: Any) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _parsed(grid: dict[str, Any], key: str, parse, what: str, default: Any = None) -> list:
+    """The grid key's values, each parsed; a value that does not parse is one line naming it."""
+    out = []
+    for v in _listify(grid.get(key, default)):
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(parse(v))
+        except (TypeError, ValueError, UserError):
+            raise UserError(f"--{key} / grid key '{key}': {v!r} is not {what}") from None
+    return out
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError(v)
+    return float(v)
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or isinstance(v, float) or (isinstance(v, str) and not v.strip().isdigit()):
+        raise ValueError(v)
+    return int(v)
+
+
+# Keys of a grid file (README, "Reports and sweeps"). Axes (a list, or "a,b"): method, dataset,
+# eps, seeds, members, n_d; one value for every cell: preset, delta, eval, eval_split, set.
+GRID_KEYS = ("method", "dataset", "eps", "seeds", "members", "n_d", "preset", "delta", "eval", "eval_split", "set")
+
+
 def expand(grid: dict[str, Any]) -> list[Cell]:
-    """Grid keys: method, dataset, eps, seeds, preset, members, delta, eval, eval_split, set (mapping)."""
-    known = {"method", "dataset", "eps", "seeds", "preset", "members", "delta", "eval", "eval_split", "set", "n_d"}
-    unknown = set(grid) - known
+    """The cells of ``grid`` (keys ``GRID_KEYS``), one per combination of the axes."""
+    unknown = set(grid) - set(GRID_KEYS)
     if unknown:
-        raise UserError(f"sweep grid: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+        raise UserError(f"sweep grid: unknown keys {sorted(unknown)} (known: {', '.join(sorted(GRID_KEYS))})")
     methods = _listify(grid.get("method"))
     if methods == [None]:
         raise UserError("sweep grid: no method given")
+    if grid.get("set") is not None and not isinstance(grid["set"], dict):
+        raise UserError(f"sweep grid: 'set' must be a mapping of method settings, got {grid['set']!r}")
     sets = tuple(f"{k}={v}" for k, v in (grid.get("set") or {}).items())
     evaluators = grid.get("eval")
     if isinstance(evaluators, (list, tuple)):
         evaluators = ",".join(evaluators)
+    epsilons = _parsed(grid, "eps", _float, "a number")
+    seeds = _parsed(grid, "seeds", parse_seed, f"an integer from 0 to {MAX_SEED}", default=0)
+    member_counts = _parsed(grid, "members", _count, "a whole number")
     cells: dict[str, Cell] = {}
     for method, dataset, eps, seed, members, n_d in itertools.product(
-            methods, _listify(grid.get("dataset", "digits")), _listify(grid.get("eps")),
-            _listify(grid.get("seeds", 0)), _listify(grid.get("members")), _listify(grid.get("n_d"))):
+            methods, _listify(grid.get("dataset", "digits")), epsilons, seeds, member_counts,
+            _listify(grid.get("n_d"))):
         private = registry.methods.get(method).private
-        epsilon = float(eps) if (private and eps is not None) else None
-        cfg = build_config(method, dataset, epsilon=epsilon, delta=grid.get("delta"), preset=grid.get("preset"),
-                           n_d=n_d, sets=sets, seed=int(seed), members=int(members) if members is not None else None,
+        cfg = build_config(method, dataset, epsilon=eps if private else None, delta=grid.get("delta"),
+                           preset=grid.get("preset"), n_d=n_d, sets=sets, seed=seed, members=members,
                            evaluators=evaluators, eval_split=grid.get("eval_split"))
         cell = Cell(cfg)
         cells.setdefault(cell.run_name, cell)  # a non-private method runs once per seed, not per ε

@@ -206,7 +206,10 @@ def reference_generator(run: EvalInput) -> Method:
 class _MIA(Evaluator):
     attack: str
     calibrated: bool = False
-    higher_is_better = False  # 0.5 is the ideal (no leakage)
+    higher_is_better = False  # the Evaluator contract asks for a direction; ``ideal`` says what is best
+    ideal = 0.5  # ROC AUC of an attack that learns nothing: no leakage
+    needs_members = True  # the runner refuses the evaluator without --members N, before training
+    needs_latent = False  # attacks that search the latent space need generate(z, labels)
 
     def evaluate(self, run: EvalInput) -> dict[str, Any]:
         from sklearn.metrics import roc_auc_score, roc_curve
@@ -240,7 +243,8 @@ class _MIA(Evaluator):
 def _make(attack: str, calibrated: bool):
     name = f"mia_auc_{attack}" + ("_calibrated" if calibrated else "")
     doc = f"GAN-Leaks {attack.replace('_', ' ')} membership-inference ROC AUC" + (" (calibrated)" if calibrated else "")
-    return type(name, (_MIA,), {"name": name, "attack": attack, "calibrated": calibrated, "__doc__": doc})
+    return type(name, (_MIA,), {"name": name, "attack": attack, "calibrated": calibrated, "__doc__": doc,
+                                "needs_latent": attack != "full_black_box"})
 
 
 MIAFullBlackBox = _make("full_black_box", False)

@@ -236,6 +236,25 @@ def hair_counts(root: str | os.PathLike | None = None) -> dict[str, int]:
     return counts
 
 
+def hair_split_sizes(root: str | os.PathLike | None = None) -> tuple[int, int]:
+    """(train, test) sizes of ``celeba-hair`` from the attribute and partition files alone
+    (no image is read): what ``bench privacy`` needs to plan a budget before the images are
+    downloaded."""
+    base = files.data_root(root)
+    _, attr, part = paths(base)
+    missing = [p for p in (attr, part) if not p.is_file()]
+    if missing:
+        raise files.MissingDataFiles(files.one_line(
+            f"dataset 'celeba-hair': missing {files.fmt_paths(missing)}; its N (the images with exactly one of "
+            f"black / blonde / brown hair) is counted from {ATTR_FILE} and {PARTITION_FILE} alone, no image is "
+            f"needed ({files.ROOT_HINT})"))
+    names, attr_names, values = parse_attr("celeba-hair", attr)
+    partition = parse_partition("celeba-hair", part)
+    _, keep = _labels("hair", attr_names, values, "celeba-hair", attr)
+    which = np.array([partition.get(n, -1) for n in names])
+    return int((keep & (which >= 0) & (which <= 1)).sum()), int((keep & (which == 2)).sum())
+
+
 def load_celeba_gender(root: str | os.PathLike | None = None, **kw) -> ImageData:
     """CelebA 64x64, Male -> (female, male); train = train+valid, test = test partition."""
     return load("gender", 64, root, **kw)

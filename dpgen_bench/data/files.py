@@ -113,9 +113,14 @@ def fmt_paths(paths: Sequence[os.PathLike | str], limit: int = 4) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def missing_files(dataset: str, missing: Sequence[str | os.PathLike], expected: str) -> UserError:
+class MissingDataFiles(UserError):
+    """A dataset's files are not where the data root says (as opposed to present but malformed)."""
+
+
+def missing_files(dataset: str, missing: Sequence[str | os.PathLike], expected: str) -> MissingDataFiles:
     """One line: what is missing, the whole layout expected, and where the root came from."""
-    return UserError(one_line(f"dataset '{dataset}': missing {fmt_paths(missing)}; expected {expected} ({ROOT_HINT})"))
+    return MissingDataFiles(one_line(f"dataset '{dataset}': missing {fmt_paths(missing)}; expected {expected} "
+                                     f"({ROOT_HINT})"))
 
 
 def malformed(dataset: str, path: str | os.PathLike, problem: str, expected: str = "") -> UserError:

@@ -22,10 +22,13 @@ Noise is calibrated from the target and the result re-checked with the same comp
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from opacus.accountants import RDPAccountant
@@ -34,7 +37,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from scipy.special import gammaln, logsumexp
 
 from ..api import PrivacyPart
-from ..errors import UserError
+from ..errors import BudgetTooLow, UserError
 
 # RDP orders: Opacus' defaults plus a denser low range, which matters for large ε.
 _ORDERS = sorted(set([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256, 512, 1024]))
@@ -48,6 +51,10 @@ MECHANISMS = (POISSON, WOR)
 # above or below: WOR calibration aims this far under the target so that autodp's ε of the
 # part we print is ≤ the target too.
 _WOR_MARGIN = 1e-4
+MAX_NOISE_MULTIPLIER = 1e6  # where calibration gives up (Opacus' MAX_SIGMA): a larger σ means ε is out of reach
+# The largest σ each calibration tries before giving up: Opacus doubles from 20, ours from 1.
+_LAST_SIGMA = {POISSON: 20 * 2 ** int(math.log2(MAX_NOISE_MULTIPLIER / 20)),
+               WOR: 2 ** int(math.log2(MAX_NOISE_MULTIPLIER))}
 
 
 def _aim(epsilon: float, mechanism: str) -> float:
@@ -108,17 +115,25 @@ def compose_rdp(parts: Sequence[PrivacyPart], delta: float) -> float:
 
     All-Poisson compositions: Opacus' accountant over ``_ORDERS`` and its conversion
     (Balle et al. 2020), unchanged from the DPSGD papers. With any WOR part: the RDP curves
-    add at integer orders and the classical conversion is used, as autodp does."""
-    live = [p for p in parts if p.steps > 0]
+    add at integer orders and the classical conversion is used, as autodp does. Memoised:
+    calibration and plan searches compose the same parts many times."""
+    live = tuple((float(p.noise_multiplier), float(p.sample_rate), int(p.steps), p.mechanism)
+                 for p in parts if p.steps > 0)
+    return _compose_rdp(live, float(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compose_rdp(live: tuple[tuple[float, float, int, str], ...], delta: float) -> float:
     if not live:
         return 0.0
-    if all(p.mechanism == POISSON for p in live):
+    parts = [PrivacyPart("part", sigma, q, steps, mechanism=mechanism) for sigma, q, steps, mechanism in live]
+    if all(p.mechanism == POISSON for p in parts):
         acc = RDPAccountant()
-        acc.history = _history(live)
+        acc.history = _history(parts)
         with warnings.catch_warnings():  # "optimal order is the largest alpha": only for tiny ε
             warnings.simplefilter("ignore", UserWarning)
             return float(acc.get_epsilon(delta=delta, alphas=_ORDERS))
-    rdp = sum(rdp_curve(p, _INT_ORDERS) for p in live)
+    rdp = sum(rdp_curve(p, _INT_ORDERS) for p in parts)
     return float(np.min(rdp + math.log(1 / delta) / (_INT_ORDERS - 1)))
 
 
@@ -194,6 +209,23 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     return float(upper)
 
 
+_REACHABILITY_ONLY = contextvars.ContextVar("reachability_only", default=False)
+
+
+@contextlib.contextmanager
+def reachability_only() -> Iterator[None]:
+    """Inside this block ``calibrate_noise`` only checks that its target is reachable: it
+    raises ``BudgetTooLow`` exactly when it would otherwise, and returns the largest noise
+    multiplier its search tries at once, without searching for the smallest one. For asking
+    "can this plan be calibrated at ε?" many times (the smallest feasible ε) at the cost of
+    one composition per part."""
+    token = _REACHABILITY_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _REACHABILITY_ONLY.reset(token)
+
+
 def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: int,
                     mechanism: str = POISSON) -> float:
     """Smallest noise multiplier (to ~0.5% of ε) whose RDP ε after ``steps`` is ≤ target."""
@@ -204,17 +236,31 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
     def eps(sigma: float) -> float:
         return compose_rdp([PrivacyPart("check", sigma, sample_rate, steps, mechanism=mechanism)], delta)
 
+    last = _LAST_SIGMA.get(mechanism, MAX_NOISE_MULTIPLIER)
+    too_low = BudgetTooLow(f"the privacy budget is too low: no noise multiplier up to {last:g} gives ε ≤ {epsilon:g} "
+                           f"at δ={delta:g} over {steps} steps at sample rate {sample_rate:.4g}")
+    if eps(last) > aim:  # out of reach: what the search below would find after doubling σ up to the limit
+        raise too_low
+    if _REACHABILITY_ONLY.get():
+        return float(last)
     if mechanism == POISSON:
-        sigma = get_noise_multiplier(target_epsilon=aim, target_delta=delta,
-                                     sample_rate=sample_rate, steps=steps, accountant="rdp",
-                                     epsilon_tolerance=tolerance, alphas=_ORDERS)
+        try:
+            with warnings.catch_warnings():  # "optimal order is the largest alpha": on the way to a too-low ε
+                warnings.simplefilter("ignore", UserWarning)
+                sigma = get_noise_multiplier(target_epsilon=aim, target_delta=delta,
+                                             sample_rate=sample_rate, steps=steps, accountant="rdp",
+                                             epsilon_tolerance=tolerance, alphas=_ORDERS)
+        except ValueError as e:
+            if "too low" not in str(e):
+                raise
+            raise too_low from None
     else:  # bisection on σ; ε is decreasing in σ. Invariant: eps(hi) = eps_hi ≤ target < eps(lo)
         lo, hi = 0.0, 1.0
         eps_hi = eps(hi)
         while eps_hi > aim:
             lo, hi = hi, 2 * hi
-            if hi > 1e6:
-                raise ValueError("The privacy budget is too low.")
+            if hi > MAX_NOISE_MULTIPLIER:
+                raise too_low
             eps_hi = eps(hi)
         while aim - eps_hi > tolerance and hi - lo >= 1e-9:
             mid = (lo + hi) / 2

@@ -8,11 +8,17 @@ from pathlib import Path
 import pandas as pd
 
 PATH = Path(__file__).with_name("references.csv")
+# Published metrics that no evaluator here computes are left out of the tables (kept in the
+# CSV as the papers give them): Inception Score needs Inception's logits, and the converted
+# Inception behind fid / kid has none (evaluators.inception: pool3 features only).
+NOT_COMPUTED = {"is": "Inception Score"}
 
 
 def load_references(path: Path = PATH) -> pd.DataFrame:
-    """References as a long frame with the columns of ``collect`` (source = "paper")."""
+    """References as a long frame with the columns of ``collect`` (source = "paper"), without
+    the metrics in ``NOT_COMPUTED``."""
     ref = pd.read_csv(path, dtype={"members": "Int64"})
+    ref = ref[~ref["metric"].isin(NOT_COMPUTED)].reset_index(drop=True)
     return pd.DataFrame({
         "run_id": ref["paper"] + ":" + ref["table"].astype(str),
         "method": ref["method"],

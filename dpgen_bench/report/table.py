@@ -13,7 +13,11 @@ Layouts:
 - ``a``: rows (ε, method), columns (dataset, metric) — Private GANs Table 2, DPAF Tables 1–2.
 - ``b``: rows method, columns metrics, for one (dataset, ε) — DP-GAN-DPAC Tables 1–4.
 - ``c``: rows (method, ε), columns (attack, members) of MIA AUC — DPAF Table 18.
+- ``d``: rows method, columns (dataset, ε, metric) — Private GANs Table 2, DPAF Table 1 turned round.
 - ``runs``: one row per run (no aggregation).
+
+Bold marks the best of our private values among the rows of one (dataset, ε): never an
+ε = 1 cell against an ε = 10 one.
 """
 
 from __future__ import annotations
@@ -32,21 +36,28 @@ from .. import registry, store
 from ..privacy import fmt_eps
 
 ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv",
-           "variant", "caveat", "finished"]
+           "variant", "caveat", "finished", "run_dir"]
 MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (attack unstated)
+MIA_IDEAL = 0.5  # an attack AUC's ideal (no leakage): neither end of the scale is best (evaluators.mia's ``ideal``)
 CAVEAT_MARK = "‡"
 log = logging.getLogger("dpgen_bench")
 
 
 def collect(root: Path) -> tuple[pd.DataFrame, int]:
-    """Long frame of all complete runs under ``root`` and the number of incomplete ones."""
+    """Long frame of all complete runs under ``root`` and the number skipped: incomplete
+    ones, and damaged ones, each named in a warning with what is wrong."""
     rows, skipped = [], 0
     for run_dir in store.iter_run_dirs(Path(root)):
-        rec = store.load_record(run_dir)
-        if rec is None:
-            skipped += 1
-            continue
-        rows.extend(record_rows(rec, run_dir.name))
+        try:
+            rec = store.load_record(run_dir)
+            if rec is not None:
+                rows.extend(record_rows(rec, run_dir.name))
+                continue
+        except store.DamagedRecord as e:
+            log.warning("skipped the damaged run %s: %s", run_dir, e)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            log.warning("skipped the damaged run %s: %s: %s", run_dir, type(e).__name__, e)
+        skipped += 1
     long = pd.DataFrame(rows, columns=ID_COLS + ["metric", "value", "source"])
     return label_variants(long), skipped
 
@@ -78,7 +89,7 @@ def record_rows(rec: dict, run_id: str) -> list[dict]:
         "eps_target": float(priv["target"]["epsilon"]), "delta": float(priv["target"]["delta"]),
         "eps_rdp": float(priv["epsilon"]["rdp"]), "eps_prv": float(priv["epsilon"]["prv"]), "source": "ours",
         "variant": json.dumps(identity(cfg, priv), sort_keys=False, default=str), "caveat": priv.get("caveat"),
-        "finished": rec.get("finished", math.nan),
+        "finished": rec.get("finished", math.nan), "run_dir": rec.get("run_dir"),
     }
     metrics = ev.get("metrics", {})
     if not metrics:
@@ -230,13 +241,15 @@ def _metrics_order(metrics) -> list[str]:
 
 
 def _arrow(metric: str) -> str:
+    if metric.startswith(MIA_PREFIX):
+        return f" ({MIA_IDEAL:g} ideal)"
     hib = higher_is_better(metric)
     return "" if hib is None else (" ↑" if hib else " ↓")
 
 
 def _bold_best(cells: list[list[Cell | str]], col: int, metric: str) -> None:
     hib = higher_is_better(metric)
-    if hib is None or metric.startswith(MIA_PREFIX):  # AUC: the ideal is 0.5, not an extreme
+    if hib is None or metric.startswith(MIA_PREFIX):  # AUC: the ideal is MIA_IDEAL, not an extreme
         return
     ours = [r[col] for r in cells if isinstance(r[col], Cell) and r[col].source == "ours" and not math.isnan(r[col].mean)]
     if len(ours) < 2:
@@ -312,12 +325,51 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
                         if len(hit) else "—")
         out_rows.append((_row_label(r["source"], r["method"]),))
         cells.append(line)
-    private = [line for row, line in zip(out_rows, cells) if line[0] != "∞"]  # best among private rows
-    for k, m in enumerate(metrics, start=2):
-        _bold_best(private, k, m)
+    for eps_text in {line[0] for line in cells if line[0] != "∞"}:  # best among private rows of one ε
+        block = [line for line in cells if line[0] == eps_text]
+        for k, m in enumerate(metrics, start=2):
+            _bold_best(block, k, m)
     title = f"{dataset}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
     return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + _arrow(m) for m in metrics], cells,
                  notes)
+
+
+def layout_d(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
+    """Rows method, columns (dataset, ε) with the ε spent and each metric: Private GANs
+    Table 2, DPAF Table 1 turned round. Each column is one (dataset, ε, metric): best in bold."""
+    agg = agg[~agg["metric"].str.startswith(MIA_PREFIX)] if metrics is None else agg[agg["metric"].isin(metrics)]
+    agg = agg[agg["members"] == 0]
+    order = _metrics_order(agg["metric"].unique())
+    groups = sorted({(d, e) for d, e in zip(agg["dataset"], agg["eps_target"])})
+    rows = agg[["source", "method"]].drop_duplicates().sort_values(["source", "method"], ascending=[False, True])
+    columns: list[str] = []
+    layout: list[tuple[str, float, str | None]] = []  # (dataset, ε, metric); None: the ε spent
+    for d, e in groups:
+        here = agg[(agg["dataset"] == d) & (agg["eps_target"] == e)]
+        layout.append((d, e, None))
+        columns.append(f"{d} ε={fmt_eps(e)} spent")
+        for m in order:
+            if (here["metric"] == m).any():
+                layout.append((d, e, m))
+                columns.append(f"{d} ε={fmt_eps(e)} {m}{_arrow(m)}")
+    out_rows, cells, notes = [], [], []
+    for _, r in rows.iterrows():
+        sel = agg[(agg["source"] == r["source"]) & (agg["method"] == r["method"])]
+        line: list[Cell | str] = []
+        for d, e, m in layout:
+            here = sel[(sel["dataset"] == d) & (sel["eps_target"] == e)]
+            if m is None:
+                line.append(_spent(r["source"], here, notes) if len(here) else "—")
+                continue
+            hit = here[here["metric"] == m]
+            line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0]), r["source"])
+                        if len(hit) else "—")
+        out_rows.append((_row_label(r["source"], r["method"]),))
+        cells.append(line)
+    for k, (_, e, m) in enumerate(layout):
+        if m is not None and math.isfinite(e):
+            _bold_best(cells, k, m)
+    return Table("metric by method, dataset and ε", ["method"], out_rows, columns, cells, notes)
 
 
 def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
@@ -339,7 +391,7 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
                         if len(hit) else "—")
         out_rows.append((_row_label(r["source"], r["method"]), fmt_eps(r["eps_target"]) + _mark(s, notes)))
         cells.append(line)
-    headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'} ({k if k else 'all'} members) ↓0.5"
+    headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'}, {k if k else 'all'} members{_arrow(m)}"
                for m, k in cols]
     return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells, notes)
 

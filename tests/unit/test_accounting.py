@@ -22,8 +22,9 @@ def test_calibrated_noise_spends_at_most_and_close_to_target(eps, delta):
     assert spent >= 0.95 * eps
 
 
-def test_known_value_from_facts():
-    # FACTS.md: digits, q=64/1437, 500 steps, δ=1e-5 → σ≈4.18 for ε=1, PRV ε≈0.91.
+def test_known_value_measured_with_opacus():
+    # measured with Opacus 1.6 and prv-accountant 0.2: digits, q=64/1437, 500 steps, δ=1e-5 → σ≈4.18 for ε=1,
+    # PRV ε≈0.91
     sigma = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=Q, steps=500)
     assert sigma == pytest.approx(4.18, abs=0.02)
     prv = compose_prv([PrivacyPart("d", sigma, Q, 500)], 1e-5)
@@ -146,3 +147,54 @@ def test_report_counts_steps_actually_taken():
 def test_invalid_targets_are_user_errors(eps, delta):
     with pytest.raises(UserError):
         calibrate_noise(epsilon=eps, delta=delta, sample_rate=Q, steps=10)
+
+
+# ----------------------------------------------------------- an ε out of reach
+
+
+def test_an_unreachable_epsilon_is_budget_too_low_a_user_error():
+    from dpgen_bench.errors import BudgetTooLow, UserError
+
+    for mechanism in ("subsampled_gaussian", "subsampled_gaussian_wor"):
+        with pytest.raises(BudgetTooLow, match="privacy budget is too low") as e:
+            calibrate_noise(epsilon=1e-3, delta=1e-5, sample_rate=Q, steps=1500, mechanism=mechanism)
+        assert isinstance(e.value, UserError) and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("mechanism,q", [("subsampled_gaussian", Q), ("subsampled_gaussian_wor", 1 / 16)])
+def test_reachability_only_answers_as_the_full_calibration(mechanism, q):
+    """Around the smallest reachable ε, the shortcut raises exactly when the calibration does."""
+    from dpgen_bench.errors import BudgetTooLow
+    from dpgen_bench.privacy.accounting import reachability_only
+
+    def reachable(eps, shortcut):
+        try:
+            if shortcut:
+                with reachability_only():
+                    calibrate_noise(epsilon=eps, delta=1e-5, sample_rate=q, steps=600, mechanism=mechanism)
+            else:
+                calibrate_noise(epsilon=eps, delta=1e-5, sample_rate=q, steps=600, mechanism=mechanism)
+        except BudgetTooLow:
+            return False
+        return True
+
+    grid = [1e-3 * 1.25 ** k for k in range(12)]
+    answers = [reachable(e, True) for e in grid]
+    assert answers[0] is False and answers[-1] is True
+    edge = answers.index(True)
+    for e in grid[max(0, edge - 1):edge + 1]:  # the two ε beside the edge, fully calibrated
+        assert reachable(e, False) == reachable(e, True), e
+
+
+def test_smallest_feasible_epsilon_is_feasible_and_one_percent_less_is_not():
+    from dpgen_bench import registry
+    from dpgen_bench.api import Budget, DataInfo
+    from dpgen_bench.errors import BudgetTooLow
+    from dpgen_bench.runner import smallest_feasible_epsilon
+
+    cls = registry.methods.get("dummy")
+    method = cls(cls.Hparams(steps=50), DataInfo("digits", (1, 16, 16), 10, 1437))
+    smallest = smallest_feasible_epsilon(method, Budget(1e-4, 1e-5))
+    method.plan(Budget(smallest, 1e-5))
+    with pytest.raises(BudgetTooLow):
+        method.plan(Budget(smallest * 0.99, 1e-5))

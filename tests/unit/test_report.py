@@ -12,7 +12,7 @@ from report_fixtures import make_record, standard_records
 GOLDEN_MARKDOWN_A = '| ε | method | ε spent (RDP / PRV) | digits fid ↓ | digits gen2real_cnn ↑ |\n|---|---|---|---|---|\n| ∞ | gan | ∞ / ∞ | 20.0 (n=1) | 0.900 (n=1) |\n| 10 | dpaf | 9.98 / 9.2 | 68.0 ± 2.0 | 0.710 ± 0.010 |\n| 10 | dpgan | 9.98 / 9.2 | **59.0 ± 1.4 (n=2)** | **0.720 ± 0.028 (n=2)** |\n| 1 | dpaf | 0.998 / 0.92 | **100.0 ± 2.0** | **0.580 ± 0.020** |\n| 1 | dpgan | 0.998 / 0.92 | 115.0 ± 5.0 | 0.520 ± 0.020 |\n'
 GOLDEN_LATEX_A = '\\begin{tabular}{llccc}\n\\toprule\n$\\varepsilon$ & method & $\\varepsilon$ spent (RDP / PRV) & digits fid $\\downarrow$ & digits gen2real\\_cnn $\\uparrow$ \\\\\n\\midrule\n$\\infty$ & gan & $\\infty$ / $\\infty$ & 20.0 (n=1) & 0.900 (n=1) \\\\\n10 & dpaf & 9.98 / 9.2 & 68.0 $\\pm$ 2.0 & 0.710 $\\pm$ 0.010 \\\\\n10 & dpgan & 9.98 / 9.2 & \\textbf{59.0 $\\pm$ 1.4 (n=2)} & \\textbf{0.720 $\\pm$ 0.028 (n=2)} \\\\\n1 & dpaf & 0.998 / 0.92 & \\textbf{100.0 $\\pm$ 2.0} & \\textbf{0.580 $\\pm$ 0.020} \\\\\n1 & dpgan & 0.998 / 0.92 & 115.0 $\\pm$ 5.0 & 0.520 $\\pm$ 0.020 \\\\\n\\bottomrule\n\\end{tabular}\n'
 GOLDEN_CSV_B = 'method,ε,ε spent (RDP / PRV),fid ↓,fid ↓ std,fid ↓ n,gen2real_cnn ↑,gen2real_cnn ↑ std,gen2real_cnn ↑ n\ngan,∞,∞ / ∞,20.0,,1,0.9,,1\ndpaf,1,0.998 / 0.92,100.0,2.0,3,0.58,0.02,3\ndpgan,1,0.998 / 0.92,115.0,5.0,3,0.52,0.02,3\n'
-GOLDEN_MARKDOWN_C = '| method | ε | full_black_box (64 members) ↓0.5 | white_box (64 members) ↓0.5 |\n|---|---|---|---|\n| dpgan | 1 | 0.510 (n=1) | 0.490 (n=1) |\n| gan | ∞ | 0.980 (n=1) | 0.970 (n=1) |\n'
+GOLDEN_MARKDOWN_C = '| method | ε | full_black_box, 64 members (0.5 ideal) | white_box, 64 members (0.5 ideal) |\n|---|---|---|---|\n| dpgan | 1 | 0.510 (n=1) | 0.490 (n=1) |\n| gan | ∞ | 0.980 (n=1) | 0.970 (n=1) |\n'
 
 
 @pytest.fixture
@@ -187,3 +187,102 @@ def test_caveated_epsilon_is_marked_with_a_note(tmp_path, cli_runner):
     assert "9.9 / 9.1 ‡" in res.stdout and why in res.stderr and why not in res.stdout
     runs = T.render_markdown(T.runs_table(T.collect(root)[0]))
     assert "9.9 ‡" in runs and why in runs
+
+
+# ------------------------------------------------- damaged runs, bold, layout d, figures
+
+
+def test_damaged_runs_are_skipped_with_their_name_and_the_rest_is_reported(tmp_path, cli_runner):
+    import json
+
+    root = tmp_path / "runs"
+    make_record(root, "good", "dpgan", "digits", 1.0, 0, {"gen2real_cnn": 0.5}, rdp=0.99, prv=0.9)
+    damage = {
+        "eval-list": ("eval.json", "[1, 2]", "eval.json holds a list, not an object"),
+        "privacy-null": ("privacy.json", "null", "privacy.json holds null, not an object"),
+        "no-method": ("config.json", json.dumps({"dataset": "digits"}), "config.json has no 'method'"),
+        "truncated": ("privacy.json", '{"private": true, "tar', "privacy.json is not valid JSON"),
+        "metric-text": ("eval.json", json.dumps({"metrics": {"fid": "high"}}), "eval.json metric 'fid' is 'high'"),
+    }
+    for name, (file, text, _) in damage.items():
+        d = make_record(root, name, "dpgan", "digits", 1.0, 1, {"gen2real_cnn": 0.1}, rdp=0.99, prv=0.9)
+        (d / file).write_text(text)
+    res = cli_runner.invoke(cli, ["report", "--results", str(root)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "| 1 | dpgan | 0.99 / 0.9 | 0.500 (n=1) |" in res.stdout
+    warnings = res.stderr.splitlines()
+    for name, (_, _, why) in damage.items():
+        (line,) = [w for w in warnings if f"{root / name}:" in w]
+        assert line.startswith(f"[bench] skipped the damaged run {root / name}: {why}"), line
+    assert "skipped 5 incomplete, failed or damaged run(s)" in res.stderr
+
+
+def test_bold_is_the_best_within_one_dataset_and_epsilon(agg):
+    """Layout b over every ε: the ε = 10 rows do not take the bold away from ε = 1."""
+    tab = T.layout_b(agg, "digits", None)
+    bold = {(row[0], line[0]): [c.text() for c in line[2:] if isinstance(c, T.Cell) and c.bold]
+            for row, line in zip(tab.rows, tab.cells)}
+    assert bold[("dpaf", "1")] == ["100.0 ± 2.0", "0.580 ± 0.020"]  # best at ε = 1, worse than both at ε = 10
+    assert bold[("dpgan", "10")] == ["59.0 ± 1.4 (n=2)", "0.720 ± 0.028 (n=2)"]
+    assert bold[("dpgan", "1")] == bold[("dpaf", "10")] == bold[("gan", "∞")] == []
+
+
+def test_layout_d_has_methods_as_rows_and_dataset_epsilon_as_columns(agg, tmp_path, cli_runner):
+    tab = T.layout_d(agg)
+    assert [r[0] for r in tab.rows] == ["dpaf", "dpgan", "gan"]
+    assert tab.columns == ["digits ε=1 spent", "digits ε=1 fid ↓", "digits ε=1 gen2real_cnn ↑",
+                           "digits ε=10 spent", "digits ε=10 fid ↓", "digits ε=10 gen2real_cnn ↑",
+                           "digits ε=∞ spent", "digits ε=∞ fid ↓", "digits ε=∞ gen2real_cnn ↑"]
+    md = T.render_markdown(tab)
+    assert ("| dpaf | 0.998 / 0.92 | **100.0 ± 2.0** | **0.580 ± 0.020** | 9.98 / 9.2 | 68.0 ± 2.0 | "
+            "0.710 ± 0.010 | — | — | — |") in md
+    assert "| gan | — | — | — | — | — | — | ∞ / ∞ | 20.0 (n=1) | 0.900 (n=1) |" in md
+    res = cli_runner.invoke(cli, ["report", "--results", str(standard_records(tmp_path / "r")), "--layout", "d",
+                                  "--metric", "gen2real_cnn"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert res.stdout.splitlines()[0] == ("| method | digits ε=1 spent | digits ε=1 gen2real_cnn ↑ | "
+                                          "digits ε=10 spent | digits ε=10 gen2real_cnn ↑ | "
+                                          "digits ε=∞ spent | digits ε=∞ gen2real_cnn ↑ |")
+
+
+def _with_samples(root):
+    import json
+
+    import numpy as np
+
+    for d in root.iterdir():
+        if (d / "eval.json").exists():
+            np.savez(d / "samples.npz", images=np.zeros((20, 1, 16, 16), np.float32),
+                     labels=np.repeat(np.arange(10), 2).astype(np.int64))
+            (d / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.7, "g_loss": 0.9, "n_d": 1}) + "\n")
+    return root
+
+
+def test_figures_read_the_run_directory_and_titles_do_not_overlap(tmp_path, monkeypatch):
+    """A renamed or copied run directory (its config.json still names the old run_id) gives
+    its samples and curves; a figure's title never overlaps its subplots' titles."""
+    from dpgen_bench.report import figures as F
+
+    figs = []
+    monkeypatch.setattr(F, "_save", lambda fig, out, name: figs.append((name, fig)) or [])
+    root = _with_samples(standard_records(tmp_path / "runs"))
+    for d in list(root.iterdir()):
+        d.rename(root / f"moved-{d.name}")
+    long, _ = T.collect(root)
+    F.sample_grids(long, tmp_path)
+    F.training_curves(long[long["run_id"] == "dpgan-digits-eps1-s0"], tmp_path)
+    names = [name for name, _ in figs]
+    assert {"digits-eps1-samples", "digits-eps10-samples", "dpgan-digits-eps1-s0-training"} <= set(names)
+    for name, fig in figs:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        top = fig._suptitle.get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not ax.get_title() or not top.overlaps(ax.title.get_window_extent(renderer)), name
+
+
+def test_reference_rows_leave_out_the_inception_score():
+    from dpgen_bench.report.references import NOT_COMPUTED, PATH, load_references
+
+    assert "is" in NOT_COMPUTED and ",is," in PATH.read_text()  # the papers' numbers stay in the data file
+    assert "is" not in set(load_references()["metric"])
