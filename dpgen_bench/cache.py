@@ -11,10 +11,10 @@ processes may share a cache directory.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import UserError
+from .store import probe_writable_dir
 
 ENV = "DPGEN_CACHE"
 DEFAULT_ROOT = Path("~") / ".cache" / "dpgen_bench"
@@ -36,10 +36,7 @@ def cache_dir(kind: str) -> Path:
                         f"set ${ENV} to a writable directory") from None
     path = root / kind
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe.")
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable_dir(path)
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise UserError(f"cannot write the {kind} cache at {path} ({why}): "

@@ -130,6 +130,11 @@ class TrainingContext(RunContext):
         return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None,
                 "generators": {k: g.get_state() for k, g in self._generators.items()}}
 
+    @property
+    def restored(self) -> bool:
+        """Whether ``restore()`` was called (a resumed run must call it)."""
+        return self._restored
+
     def restore(self) -> dict | None:
         if self._resume is None:
             return None

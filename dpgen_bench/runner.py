@@ -136,12 +136,17 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     check_members(config, data.name, len(data.train), len(data.test))
     if config.members is not None:
         data = data.with_members(config.members, seed=config.seed)
-    _warn_delta(budget, len(data.train))
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
+    method, ledger = _calibrate(config, method_cls, budget, info)
+    return Prepared(config, method, data, ledger, device, data_root)
+
+
+def _calibrate(config: RunConfig, method_cls: type, budget: Budget, info: DataInfo) -> tuple[Method, PrivacyLedger]:
+    """The method built for ``info`` and its calibrated plan (what needs N, not the data)."""
+    _warn_delta(budget, info.n_train)
     method = build_method(config, method_cls, info)
     check_method_evaluators(config, method)
-    ledger = plan_ledger(config, method, budget)
-    return Prepared(config, method, data, ledger, device, data_root)
+    return method, plan_ledger(config, method, budget)
 
 
 def build_method(config: RunConfig, method_cls: type, info: DataInfo) -> Method:
@@ -177,12 +182,11 @@ def privacy_plan(config: RunConfig, data_root: str | None = None) -> PlanOnly:
     check_members(config, config.dataset, n_train, n_test)
     if config.members is not None:
         n_train = config.members
-    _warn_delta(budget, n_train)
-    method = build_method(config, method_cls, DataInfo(config.dataset, split.image_shape, split.num_classes, n_train))
-    check_method_evaluators(config, method)
+    _, ledger = _calibrate(config, method_cls, budget,
+                           DataInfo(config.dataset, split.image_shape, split.num_classes, n_train))
     note = (f"N={n_train} from the standard split ({split.source}); the dataset's files are not under "
             f"{data_root_of(data_root)}, and the plan does not need them")
-    return PlanOnly(plan_ledger(config, method, budget), n_train, note)
+    return PlanOnly(ledger, n_train, note)
 
 
 def _too_low(e: Exception) -> bool:
@@ -271,18 +275,9 @@ def prepare_out_dir(config: RunConfig, out: str | None, results: str | None) -> 
     else:
         parent = store.results_root(results)
         run_dir = parent / store.new_run_id(config.method, config.dataset, config.epsilon, config.seed)
-    missing = [d for d in [run_dir, *run_dir.parents] if not d.exists()]
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
+        store.probe_writable_dir(run_dir)  # leaves nothing behind when it fails
     except OSError as e:
-        for d in missing:  # leave nothing behind
-            try:
-                d.rmdir()
-            except OSError:
-                pass
         raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
     return run_dir
 
@@ -349,7 +344,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
                 p.method.fit(p.data.train, p.budget, ctx)
         finally:
             ctx.close()
-        if resume_state and not ctx._restored:
+        if resume_state and not ctx.restored:
             raise RuntimeError(f"method '{cfg.method}' resumed without calling ctx.restore(): its training state "
                                "and generators were not restored")
         timings["fit"] = time.time() - t0
@@ -399,9 +394,14 @@ def run(config: RunConfig, *, out: str | None = None, results: str | None = None
     """Train, sample, evaluate and record one new run; the record (with ``run_dir``)."""
     p = prepare(config, data_root)
     run_dir = prepare_out_dir(config, out, results)
-    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, config.method, config.dataset,
-             config.epsilon, config.delta, config.preset, p.device)
+    _announce(p, run_dir)
     return {"run_dir": str(run_dir), **execute(p, run_dir)}
+
+
+def _announce(p: Prepared, run_dir: Path) -> None:
+    c = p.config
+    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, c.method, c.dataset, c.epsilon,
+             c.delta, c.preset, p.device)
 
 
 def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | None = None,
@@ -418,8 +418,7 @@ def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | N
     if device:
         cfg = dataclasses.replace(cfg, device=device)
     p = prepare(cfg, data_root)
-    log.info("run %s: %s on %s, ε=%s, δ=%g, preset %s, device %s", run_dir.name, cfg.method, cfg.dataset,
-             cfg.epsilon, cfg.delta, cfg.preset, p.device)
+    _announce(p, run_dir)
     return {"run_dir": str(run_dir), **execute(p, run_dir, resume=True)}
 
 

@@ -16,23 +16,23 @@ each the Gaussian mechanism on the whole training set (sample rate 1, one step):
   (0 ≤ x' ≤ 1, so ‖x'²‖₂ ≤ ‖x'‖₂).
 
 Noise: the RDP of a Gaussian release at sample rate 1 is α / (2σ²), so the three compose to
-α / (2σ²) with 1/σ² = Σ_k 1/σ_k². ``calibrate_noise`` gives σ for one release at the
-target; part k gets σ_k = σ / √w_k with the weights ``weights`` (Σ w = 1), so the ledger's
-composition equals the target's calibration. Labels are private: counts are released
+α / (2σ²) with 1/σ² = Σ_k 1/σ_k². σ is calibrated for one release at the target and part k
+gets σ_k = σ / √w_k with the weights ``weights`` (Σ w = 1;
+``dpgen_bench.privacy.accounting.gaussian_releases``), so the ledger's composition equals
+the target's calibration. Labels are private: counts are released
 with noise like the sums. The means are S_c / max(n̂_c, 1), variances
 Q_c / max(n̂_c, 1) − mean², floored at ``min_std``²; all of it is post-processing.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.privacy import calibrate_noise
+from dpgen_bench.privacy.accounting import gaussian_releases
 
 SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
 
@@ -84,11 +84,8 @@ class DPMean(Method):
         self.std = torch.full_like(self.mean, hparams.min_std)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
-        sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=1.0, steps=1)
-        names = (SUMS, COUNTS, SQUARES)
-        # (1 + 1e-9): the parts' RDP sums to the calibrated one up to rounding, never above it
-        return [PrivacyPart(n, sigma / math.sqrt(w) * (1 + 1e-9), 1.0, 1) for n, w in zip(names, self.hparams.shares())
-                if w > 0]
+        shares = dict(zip((SUMS, COUNTS, SQUARES), self.hparams.shares()))
+        return gaussian_releases(epsilon=budget.epsilon, delta=budget.delta, shares=shares)
 
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, dev, gen = self.hparams, ctx.device, ctx.generator("noise")

@@ -37,7 +37,7 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.dcgan import ConditionalGenerator
 from dpgen_bench.nets.sampling import sample_conditional
-from dpgen_bench.privacy import calibrate_noise
+from dpgen_bench.privacy.accounting import gaussian_releases
 
 SUM, COUNT = "embedding_sum", "count"
 
@@ -112,14 +112,11 @@ class DPMERF(Method):
             self.G = ConditionalGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         except ValueError as e:  # an image size the DCGAN generator does not have
             raise UserError(f"{self.name}: {e}") from None
-        d = math.prod(info.image_shape)
-        gen = torch.Generator().manual_seed(0)  # re-drawn from the run's seed in fit
-        self.freqs = torch.randn(h.num_features // 2, d, generator=gen) / math.sqrt(h.rff_sigma)
+        self.freqs = torch.empty(0)  # the random features: drawn from the run's seed in fit
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
-        sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=1.0, steps=1)
-        return [PrivacyPart(n, sigma / math.sqrt(w) * (1 + 1e-9), 1.0, 1)
-                for n, w in zip((SUM, COUNT), self.hparams.shares())]
+        shares = dict(zip((SUM, COUNT), self.hparams.shares()))
+        return gaussian_releases(epsilon=budget.epsilon, delta=budget.delta, shares=shares)
 
     def release(self, train: Split, ctx: RunContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The two private releases (Ŝ, n̂); draws the run's random features first."""

@@ -28,6 +28,26 @@ def cli_runner():
         return CliRunner()
 
 
+@pytest.fixture
+def warnings_seen():
+    """Messages of WARNING and above on the ``dpgen_bench`` logger (a handler of its own:
+    the CLI may have turned the logger's propagation off)."""
+    import logging
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                seen.append(record.getMessage())
+
+    logger = logging.getLogger("dpgen_bench")
+    h = Keep()
+    logger.addHandler(h)
+    yield seen
+    logger.removeHandler(h)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -276,6 +276,17 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
     return float(sigma)
 
 
+def gaussian_releases(*, epsilon: float, delta: float, shares: dict[str, float]) -> list[PrivacyPart]:
+    """One-shot Gaussian releases on the whole dataset (sample rate 1, one step each) that
+    share one calibrated noise: the RDP of a release is α/(2σ_k²), so parts with
+    1/σ_k² = w_k/σ² (Σ w_k = 1) compose exactly to the single release at σ calibrated for
+    the target. Parts with share 0 are left out."""
+    total = sum(shares.values())
+    sigma = calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=1.0, steps=1)
+    # (1 + 1e-9): the parts' RDP sums to the calibrated one up to rounding, never above it
+    return [PrivacyPart(name, sigma / math.sqrt(w / total) * (1 + 1e-9), 1.0, 1) for name, w in shares.items() if w > 0]
+
+
 def steps_for_budget(*, epsilon: float, delta: float, sample_rate: float, noise_multiplier: float,
                      max_steps: int = 10_000_000, mechanism: str = POISSON) -> int:
     """Largest number of steps whose RDP ε at this noise is ≤ target ("train until the

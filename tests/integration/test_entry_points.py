@@ -244,25 +244,6 @@ def on_path(sites, monkeypatch):
         del sys.modules[mod]
 
 
-@pytest.fixture
-def warnings_seen():
-    """Warnings of the ``dpgen_bench`` logger (the CLI may have stopped its propagation)."""
-    import logging
-
-    seen: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                seen.append(record.getMessage())
-
-    logger = logging.getLogger("dpgen_bench")
-    h = Keep()
-    logger.addHandler(h)
-    yield seen
-    logger.removeHandler(h)
-
-
 def _methods() -> Registry:
     reg = Registry("method", "dpgen_bench.methods")
     reg.register("dpgan", "builtins:object")  # a stand-in built-in: cheap to import

@@ -5,7 +5,6 @@ when used, in one line."""
 
 from __future__ import annotations
 
-import logging
 from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 
@@ -28,22 +27,6 @@ def fake_entry_points(monkeypatch):
     found: list[EntryPoint] = []
     monkeypatch.setattr(registry, "entry_points", lambda group: [e for e in found if e.group == group])
     return found
-
-
-@pytest.fixture
-def warnings_seen():
-    seen: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                seen.append(record.getMessage())
-
-    logger = logging.getLogger("dpgen_bench")  # the CLI may have turned its propagation off
-    h = Keep()
-    logger.addHandler(h)
-    yield seen
-    logger.removeHandler(h)
 
 
 def make() -> Registry:
