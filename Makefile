@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch-fidelity imports torchvision.
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test test-all clean bench-dp
+.PHONY: install demo test test-all clean bench-dp claims
 
 install: $(STAMP)
 
@@ -19,9 +19,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import torch, torchvision, opacus, prv_accountant, torch_fidelity, dpgen_bench"
 	touch $(STAMP)
 
+# Every method bench list shows, quick preset on digits (the private ones at ε = 10, gan at ε = ∞),
+# two at a time, then one table: methods as rows. FID is left to `bench eval` (slow on a CPU).
 demo: install
-	$(BIN)/bench sweep --method dpgan --dataset digits --eps 10 --preset quick --seeds 0 --no-report
-	$(BIN)/bench report
+	$(BIN)/bench sweep --method all --dataset digits --eps 10 --preset quick --seeds 0 --jobs 2 \
+	    --eval gen2real_cnn,real2gen_cnn --no-report
+	$(BIN)/bench report --layout b --dataset digits --eps 10
+
+# The papers' claims at digits scale: runs what is missing, then writes benchmarks/CLAIMS.md.
+claims: install
+	$(BIN)/python benchmarks/claims.py --run --jobs 2
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15

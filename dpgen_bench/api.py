@@ -71,6 +71,8 @@ class ImageData:
     nonmember_indices: np.ndarray | None = None
     description: str = ""
     eval_split: str = "test"
+    canaries: Split | None = None  # bench audit: every canary, included in train or not
+    canary_included: np.ndarray | None = None  # bool per canary: in the training split
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -92,6 +94,22 @@ class ImageData:
             member_indices=members,
             nonmember_indices=nonmembers,
         )
+
+    def with_canaries(self, m: int, seed: int) -> "ImageData":
+        """Add ``m`` audit canaries (one-run auditing): each is a training image turned
+        negative (x → −x) with a different label drawn at random, so that it is unlike any
+        real record; each enters the training split independently with probability 1/2.
+        Seeded by ``seed``; the canaries and which were included are kept for scoring."""
+        rng = np.random.default_rng([seed, 0xCA9A])
+        base = rng.integers(0, len(self.train), size=m)
+        labels = self.train.labels.cpu().numpy()[base]
+        shift = rng.integers(1, self.num_classes, size=m)  # never the image's own label
+        canaries = Split(-self.train.images[torch.as_tensor(base, device=self.train.images.device)],
+                         torch.as_tensor((labels + shift) % self.num_classes, device=self.train.labels.device))
+        included = rng.random(m) < 0.5
+        keep = canaries.subset(np.flatnonzero(included))
+        train = Split(torch.cat([self.train.images, keep.images]), torch.cat([self.train.labels, keep.labels]))
+        return dataclasses.replace(self, train=train, canaries=canaries, canary_included=included)
 
     def with_validation(self, fraction: float = VAL_FRACTION, seed: int = VAL_SEED) -> "ImageData":
         """Train on the training split minus a stratified ``fraction`` of it, evaluate on that
@@ -172,6 +190,7 @@ class PrivacyReport:
     epsilon_rdp: float = 0.0
     epsilon_prv: float = 0.0
     caveat: str | None = None  # set when the ε is not a DP guarantee of the run (Method.accounting_caveat)
+    noise_off: bool = False  # a --noise-off diagnostic: ε = ∞, the parts keep the calibrated σ
 
     @property
     def private(self) -> bool:
@@ -184,6 +203,7 @@ class PrivacyReport:
             "parts": [p.to_json() for p in self.parts],
             "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
             "caveat": self.caveat,
+            **({"noise_off": True} if self.noise_off else {}),
         }
 
 
@@ -301,6 +321,17 @@ class Method(abc.ABC):
     def generate(self, z: Tensor, labels: Tensor | None) -> Tensor:
         """The generator as a differentiable function of its latent input (CPU)."""
         raise NotImplementedError(f"method '{self.name}' does not expose its generator's input")
+
+    # Optional: the privacy audit (bench audit) may score records only with what the DP
+    # guarantee covers. G (its samples and weights) always is; a method whose other trained
+    # part is also an output of its DP mechanism (a discriminator trained by DPSGD) names it
+    # here and scores with it. GS-WGAN's discriminators, never released, are not named.
+    released_parts: tuple[str, ...] = ()
+
+    def released_scores(self, images: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """Per-record scores (CPU, higher: more like a training record) from each part in
+        ``released_parts``, e.g. ``{"D": logits}``."""
+        return {}
 
 
 # --------------------------------------------------------------------- evaluators

@@ -100,13 +100,16 @@ def _run_options(f):
 @click.option("--probe-seconds", type=float, default=10.0, show_default=True,
               help="Length of --dry-run's timing probe (0: no estimate).")
 @click.option("--resume", "resume_dir", default=None, help="Continue an interrupted run from its last checkpoint.")
+@click.option("--noise-off", "noise_off", is_flag=True, default=None,
+              help="Diagnostic, NOT private: the same pipeline (plan, clipping, steps) with every noise multiplier "
+                   "0; recorded with ε = ∞ and the σ the target calibrated.")
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
-        evaluators, device, out, results, dry_run, probe_seconds, resume_dir):
+        evaluators, device, out, results, dry_run, probe_seconds, resume_dir, noise_off):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
     from . import runner
 
     settings = dict(epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets, config_file=config_file, seed=seed,
-                    members=members, device=device, evaluators=evaluators, eval_split=eval_split)
+                    members=members, device=device, evaluators=evaluators, eval_split=eval_split, noise_off=noise_off)
     try:
         if resume_dir:
             expected = None
@@ -121,7 +124,8 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
                     config_file=config_file, seed=seed if seed is not None else cfg.seed,
                     members=members if members is not None else cfg.members,
                     evaluators=evaluators if evaluators is not None else cfg.evaluators,
-                    eval_split=eval_split or cfg.eval_split)
+                    eval_split=eval_split or cfg.eval_split,
+                    noise_off=noise_off if noise_off is not None else cfg.noise_off)
             result = runner.resume(resume_dir, device=device, data_root=data_root, expected=expected)
         else:
             cfg = build_config(method, dataset, **settings)
@@ -155,6 +159,35 @@ def _print_result(result: dict) -> None:
         lines.append(f"epsilon caveat: {priv['caveat']}")
     lines += [f"{k}: {v:.4f}" for k, v in result["metrics"].items()]
     click.echo("\n".join(lines))
+
+
+# ----------------------------------------------------------------------- audit
+
+
+@cli.command()
+@_run_options
+@click.option("--canaries", type=int, default=None,
+              help="Canaries, each in the training split with probability 1/2 [default: 500].")
+@click.option("--confidence", type=float, default=0.95, help="Confidence of the lower bound.")
+@click.option("--members", type=int, default=None,
+              help="Train on N training images (plus the included canaries) instead of the whole split.")
+@click.option("--eval", "evaluators", default="", help="Comma-separated evaluators of the run [default: none].")
+@click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto].")
+@click.option("--out", default=None, help="Exact run directory [default: RESULTS/<run-id>].")
+@click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
+def audit(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, canaries,
+          confidence, members, evaluators, device, out, results):
+    """Train one run with canaries and bound ε from below (one-run auditing); writes audit.json."""
+    from . import audit as audit_
+    from .audit import DEFAULT_CANARIES
+
+    if not 0 < confidence < 1:
+        raise UserError(f"--confidence must be in (0, 1), got {confidence:g}")
+    cfg = build_config(method, dataset, epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets,
+                       config_file=config_file, seed=seed, device=device, evaluators=evaluators, members=members,
+                       eval_split=eval_split, canaries=DEFAULT_CANARIES if canaries is None else canaries)
+    result = audit_.run_audit(cfg, out=out, results=results, data_root=data_root, confidence=confidence)
+    click.echo(f"run_dir: {result['run_dir']}\n{audit_.summary_line(result)}")
 
 
 # ------------------------------------------------------------------------ eval
@@ -244,9 +277,10 @@ def _first_line(obj) -> str:
 
 @cli.command()
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
-@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "runs"]), default="a",
+@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "audit", "runs"]), default="a",
               help="a: (ε, method) × (dataset, metric); b: method × metrics for one (dataset, ε); "
-                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); runs: one row per run.")
+                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); audit: the "
+                   "accountant's ε beside bench audit's lower bounds; runs: one row per run.")
 @click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layouts a, d) [default: all].")
 @click.option("--dataset", default=None, help="Dataset [default: layout b: the first; the others: all].")
 @click.option("--eps", type=float, default=None, help="Target ε (layout b) [default: all].")
@@ -296,6 +330,8 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
         elif layout == "b":
             dataset = dataset or sorted(long["dataset"].unique())[0]
             tab = T.layout_b(agg, dataset, eps)
+        elif layout == "audit":
+            tab = T.layout_audit(agg, dataset)
         else:
             tab = T.layout_c(agg, dataset)
     if not tab.rows:
@@ -357,6 +393,8 @@ def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None
         where = f" on {dataset}" if dataset else ""
         return (f"layout c shows membership inference, and no run{where} has an mia_auc_* metric: run with "
                 "--members N --eval mia_auc_full_black_box (or another mia_auc_* evaluator)")
+    if layout == "audit":
+        return "layout audit shows bench audit's lower bounds, and no run here has an audit.json: run bench audit"
     if layout == "b":
         at = f" at ε = {eps:g}" if eps is not None else ""
         return f"layout b: no completed run on {dataset}{at} (datasets with runs: {have})"
@@ -370,7 +408,7 @@ def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None
 
 @cli.command()
 @click.argument("grid_file", required=False)
-@click.option("--method", "-m", default=None, help="Comma-separated methods.")
+@click.option("--method", "-m", default=None, help="Comma-separated methods, or all (every method bench list shows).")
 @click.option("--dataset", "-d", default=None, help="Comma-separated datasets [default: digits].")
 @click.option("--eps", default=None, help="Comma-separated target ε (ignored for non-private methods).")
 @click.option("--seeds", default=None, help="Comma-separated seeds [default: 0].")

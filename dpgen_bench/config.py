@@ -48,11 +48,16 @@ class RunConfig:
     samples_per_class: int = 100
     hparams: dict[str, Any] = field(default_factory=dict)  # fully resolved
     eval_split: str = "test"  # "val": train on train minus a validation part, evaluate on it
+    noise_off: bool = False  # diagnostic: the same pipeline with every noise multiplier 0 (not private)
+    canaries: int | None = None  # bench audit: m canaries, each in the training split with probability 1/2
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["evaluators"] = list(self.evaluators)
         d["epsilon"] = _json_float(self.epsilon)
+        for key in ("noise_off", "canaries"):  # absent unless set: records and sweep cells stay as before
+            if not d[key]:
+                del d[key]
         return d
 
     @classmethod
@@ -249,7 +254,7 @@ def parse_n_d(value: str | int | None) -> int | str | None:
 
 
 FILE_KEYS = frozenset({"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device",
-                       "evaluators", "samples_per_class", "eval_split"})
+                       "evaluators", "samples_per_class", "eval_split", "noise_off"})
 
 
 def build_config(method: str | None = None, dataset: str | None = None, *, epsilon: float | None = None,
@@ -257,7 +262,8 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
                  sets: tuple[str, ...] | list[str] = (), hparams: dict[str, Any] | None = None,
                  config_file: str | Path | None = None, seed: int | None = None, members: int | None = None,
                  device: str | None = None, evaluators: str | list[str] | tuple[str, ...] | None = None,
-                 eval_split: str | None = None) -> RunConfig:
+                 eval_split: str | None = None, noise_off: bool | None = None,
+                 canaries: int | None = None) -> RunConfig:
     """A validated ``RunConfig``: given values > ``config_file`` > preset > ``Hparams``
     defaults. ``hparams`` (a mapping) and ``sets`` (``KEY=VALUE`` strings) override method
     settings, ``sets`` last. ``epsilon`` None: required for a private method, ∞ otherwise."""
@@ -295,7 +301,11 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
         samples_per_class=int(file_cfg.get("samples_per_class", run_level.get("samples_per_class", 100))),
         hparams=dataclasses.asdict(hp),
         eval_split=eval_split or file_cfg.get("eval_split", "test"),
+        noise_off=bool(noise_off if noise_off is not None else file_cfg.get("noise_off", False)),
+        canaries=canaries,
     )
+    if canaries is not None and canaries < 2:
+        raise UserError("--canaries must be ≥ 2")
     if kwargs["eval_split"] not in EVAL_SPLITS:
         raise UserError(f"eval_split must be one of {', '.join(EVAL_SPLITS)}, got {kwargs['eval_split']!r}")
     if evaluators is not None:

@@ -91,6 +91,8 @@ def budget_of(config: RunConfig, method_cls: type) -> Budget:
         raise UserError(f"method '{method_cls.name}' is private: --eps must be finite")
     if not method_cls.private and math.isfinite(epsilon):
         raise UserError(f"method '{method_cls.name}' is not private (ε = ∞): drop --eps")
+    if config.noise_off and not method_cls.private:
+        raise UserError(f"--noise-off: method '{method_cls.name}' is not private, it has no noise to switch off")
     return Budget(epsilon=epsilon, delta=delta)
 
 
@@ -136,8 +138,12 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     check_members(config, data.name, len(data.train), len(data.test))
     if config.members is not None:
         data = data.with_members(config.members, seed=config.seed)
+    if config.canaries:
+        data = data.with_canaries(config.canaries, seed=config.seed)
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
     method, ledger = _calibrate(config, method_cls, budget, info)
+    if config.noise_off:
+        ledger.switch_noise_off()
     return Prepared(config, method, data, ledger, device, data_root)
 
 
@@ -331,10 +337,16 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     if p.data.member_indices is not None:
         with store.atomic_open(run_dir / "membership.npz") as f:
             np.savez(f, member_indices=p.data.member_indices, nonmember_indices=p.data.nonmember_indices)
+    if p.data.canaries is not None:
+        with store.atomic_open(run_dir / "canaries.npz") as f:
+            np.savez(f, included=p.data.canary_included, labels=p.data.canaries.labels.cpu().numpy())
 
     caveat = p.method.accounting_caveat() if p.budget.private else None
     if caveat:  # said before training, not only in the record at the end
         log.warning("ε caveat: %s", caveat)
+    if p.ledger.noise_off:
+        log.warning("--noise-off: every noise multiplier is 0 (the σ of ε = %g are recorded); this run is NOT "
+                    "private and its ε is ∞", p.budget.epsilon)
     phase, t0, timings = "fit", time.time(), {}
     try:
         seed_everything(cfg.seed)
@@ -351,7 +363,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
         report = p.ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
         if caveat:
-            report = dataclasses.replace(report, caveat=caveat)
+            report = dataclasses.replace(report, caveat="; ".join(filter(None, (report.caveat, caveat))))
         store.write_json(run_dir / "privacy.json", report.to_json())
         with store.atomic_open(run_dir / "checkpoint.pt") as f:
             torch.save(p.method.state_dict(), f)
@@ -525,7 +537,7 @@ class _stop_on_signals:
 
 
 def check_privacy(report: PrivacyReport) -> None:
-    if report.private and report.epsilon_rdp > report.budget.epsilon:
+    if report.private and not report.noise_off and report.epsilon_rdp > report.budget.epsilon:
         raise PrivacyViolation(f"spent ε={report.epsilon_rdp:.4f} exceeds the target ε={report.budget.epsilon}; "
                                "the run is not recorded")
 
@@ -542,7 +554,7 @@ def run_evaluators(config: RunConfig, data: ImageData, method: Method, device: t
         t = time.time()
         log.info("evaluating %s", name)
         out = ev.evaluate(EvalInput(data=data, images=images, labels=labels, method=method, device=device,
-                                    seed=config.seed, options={"data_root": data_root}))
+                                    seed=config.seed, options={"data_root": data_root, "delta": config.delta}))
         metrics.update(out.get("metrics", {}))
         protocol[name] = {**out.get("protocol", {}), "eval_split": data.eval_split}
         protocol["timings"][f"eval:{name}"] = time.time() - t

@@ -25,6 +25,7 @@ from typing import Any
 
 DEFAULT_RESULTS = Path("results") / "runs"
 COMPLETE_MARKER = "eval.json"
+AUDIT_FILE = "audit.json"  # bench audit, beside the record (read by bench report --layout audit)
 PACKAGES = ("torch", "torchvision", "opacus", "prv-accountant", "torch-fidelity", "numpy", "scikit-learn",
             "pandas", "click", "matplotlib", "dpgen-bench")
 

@@ -47,7 +47,8 @@ class Cell:
         c = self.config
         eps = "inf" if not math.isfinite(c.epsilon) else f"{c.epsilon:g}"
         members = f"-m{c.members}" if c.members else ""
-        return f"sweep-{c.method}-{c.dataset}-eps{eps}{members}-s{c.seed}-{self.key}"
+        noise = "-noiseoff" if c.noise_off else ""
+        return f"sweep-{c.method}-{c.dataset}-eps{eps}{members}{noise}-s{c.seed}-{self.key}"
 
 
 def _listify(v: Any) -> list:
@@ -86,7 +87,8 @@ def _count(v: Any) -> int:
 
 # Keys of a grid file (README, "Reports and sweeps"). Axes (a list, or "a,b"): method, dataset,
 # eps, seeds, members, n_d; one value for every cell: preset, delta, eval, eval_split, set.
-GRID_KEYS = ("method", "dataset", "eps", "seeds", "members", "n_d", "preset", "delta", "eval", "eval_split", "set")
+GRID_KEYS = ("method", "dataset", "eps", "seeds", "members", "n_d", "preset", "delta", "eval", "eval_split", "set",
+             "noise_off")
 
 
 def expand(grid: dict[str, Any]) -> list[Cell]:
@@ -97,6 +99,8 @@ def expand(grid: dict[str, Any]) -> list[Cell]:
     methods = _listify(grid.get("method"))
     if methods == [None]:
         raise UserError("sweep grid: no method given")
+    if methods == ["all"]:  # every method bench list shows (plugins included)
+        methods = registry.methods.names()
     if grid.get("set") is not None and not isinstance(grid["set"], dict):
         raise UserError(f"sweep grid: 'set' must be a mapping of method settings, got {grid['set']!r}")
     sets = tuple(f"{k}={v}" for k, v in (grid.get("set") or {}).items())
@@ -113,7 +117,8 @@ def expand(grid: dict[str, Any]) -> list[Cell]:
         private = registry.methods.get(method).private
         cfg = build_config(method, dataset, epsilon=eps if private else None, delta=grid.get("delta"),
                            preset=grid.get("preset"), n_d=n_d, sets=sets, seed=seed, members=members,
-                           evaluators=evaluators, eval_split=grid.get("eval_split"))
+                           evaluators=evaluators, eval_split=grid.get("eval_split"),
+                           noise_off=bool(grid.get("noise_off")) and private)
         cell = Cell(cfg)
         cells.setdefault(cell.run_name, cell)  # a non-private method runs once per seed, not per ε
     return list(cells.values())

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from dpgen_bench.api import EvalInput, Evaluator, Method, Split
+from dpgen_bench.privacy.audit import roc_epsilon_lower_bound
 
 log = logging.getLogger("dpgen_bench")
 
@@ -236,6 +237,11 @@ class _MIA(Evaluator):
         auc = float(roc_auc_score(is_member, score))
         fpr, tpr, _ = roc_curve(is_member, score)
         proto["roc"] = {"fpr": fpr.round(5).tolist(), "tpr": tpr.round(5).tolist()}
+        # the ROC as an ε lower bound (one-sided Clopper-Pearson, every threshold at once); a
+        # heuristic for many members of one model (not independent trials): bench audit certifies
+        members_mask = is_member.astype(bool)
+        proto["epsilon_lower_bound"] = roc_epsilon_lower_bound(
+            score[members_mask], score[~members_mask], delta=float(run.options.get("delta", 1e-5)), confidence=0.95)
         proto.update({k: _opt(run, k) for k in DEFAULTS if k != "mia_reference_steps" or self.calibrated})
         return {"metrics": {self.name: auc}, "protocol": proto}
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
-from dpgen_bench.nets.sampling import sample_conditional
+from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy import calibrate_noise, steps_for_budget
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch
 
@@ -356,8 +356,14 @@ class DPGAN(Method):
         return self.hparams.latent_dim
 
     def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        self.G.eval()
-        return self.G(z, labels)
+        return generate_conditional(self.G, z, labels, self.name)
+
+    released_parts = ("D",)  # D is trained by DPSGD: an output of the mechanism (gan: no guarantee at all)
+
+    @torch.no_grad()
+    def released_scores(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.D.cpu().eval()
+        return {"D": torch.cat([self.D(x, y) for x, y in zip(images.split(1024), labels.split(1024))]).flatten()}
 
     def state_dict(self) -> dict:
         return {

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.dcgan import ConditionalGenerator
-from dpgen_bench.nets.sampling import sample_conditional
+from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy.accounting import gaussian_releases
 
 SUM, COUNT = "embedding_sum", "count"
@@ -170,6 +170,13 @@ class DPMERF(Method):
 
     def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
         return sample_conditional(self.G, n, labels, self.info.num_classes, self.hparams.latent_dim, rng)
+
+    @property
+    def latent_dim(self) -> int:  # type: ignore[override]
+        return self.hparams.latent_dim
+
+    def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        return generate_conditional(self.G, z, labels, self.name)
 
     def state_dict(self) -> dict:
         return {"G": self.G.state_dict(), "freqs": self.freqs}

@@ -111,7 +111,7 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
-from dpgen_bench.nets.sampling import sample_conditional
+from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy import calibrate_noise, steps_for_budget
 from dpgen_bench.privacy.accounting import WOR
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
@@ -478,10 +478,7 @@ class GSWGAN(Method):
         return self.hparams.latent_dim
 
     def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        if labels is None:
-            raise ValueError(f"'{self.name}' is conditional: labels are required")
-        G = self.generator.cpu().eval()
-        return G(z, labels.long())
+        return generate_conditional(self.generator, z, labels, self.name)
 
     def state_dict(self) -> dict:
         return {"G": self.generator.state_dict()}

@@ -224,8 +224,21 @@ def test_make_demo_writes_where_bench_report_looks():
     commands = [line.strip() for line in demo.splitlines()]
     # a sweep cell has a fixed directory and is skipped when complete: a second `make demo`
     # does not add a duplicate seed-0 run that the report would average as n = 2
-    assert any("bench sweep" in c for c in commands) and commands[-1] == "$(BIN)/bench report"
+    assert any("bench sweep" in c for c in commands) and commands[-1].startswith("$(BIN)/bench report")
     assert not any("--results" in c for c in commands)
+
+
+def test_make_demo_compares_every_method():
+    """Issue 18: the demo trains every method bench list shows and prints one table of them."""
+    demo = re.search(r"^demo:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    sweep = " ".join(demo.replace("\\\n", " ").split())
+    assert "--method all" in sweep and "--jobs 2" in sweep and "--layout b" in sweep
+    from dpgen_bench import registry
+    from dpgen_bench.sweep import expand
+
+    cells = expand({"method": "all", "eps": 10, "preset": "quick"})
+    assert sorted(c.config.method for c in cells) == registry.methods.names()
+    assert {c.config.method for c in cells if c.config.epsilon == float("inf")} == {"gan"}
 
 
 def test_the_readme_says_why_there_is_no_inception_score():

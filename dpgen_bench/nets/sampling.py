@@ -1,4 +1,5 @@
-"""Drawing samples from a conditional generator ``G(z, y)`` in memory-bounded chunks."""
+"""Drawing samples from a conditional generator ``G(z, y)`` in memory-bounded chunks, and
+the generator as a differentiable function of its latent input (membership attacks, audit)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,11 @@ def sample_conditional(G: nn.Module, n: int, labels: Tensor | None, num_classes:
     out = [G(z[i:i + chunk], labels[i:i + chunk]) for i in range(0, n, chunk)]
     images = torch.cat(out) if out else torch.zeros(0)
     return images.clamp(-1, 1).float(), labels
+
+
+def generate_conditional(G: nn.Module, z: Tensor, labels: Tensor | None, name: str) -> Tensor:
+    """``G(z, labels)`` on the CPU in eval mode, differentiable in ``z`` (``Method.generate``
+    of a conditional method)."""
+    if labels is None:
+        raise ValueError(f"'{name}' is conditional: labels are required")
+    return G.cpu().eval()(z, labels.long())

@@ -5,6 +5,10 @@ counted (``RunContext.spend``, or the DPSGD optimizer's step) before its output 
 Spending beyond the plan raises ``PrivacyViolation`` at once, so a misbehaving method
 cannot exceed its budget silently; the final report is composed from the steps actually
 taken, not from what the method claims.
+
+``switch_noise_off`` turns a ledger into the diagnostic of ``bench run --noise-off``: the
+same plan (steps, sample rates, clipping) with every part's noise multiplier handed to the
+method as 0, and a report of ε = ∞ that keeps the calibrated σ it replaced.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from ..errors import PrivacyViolation
 from .accounting import compose_prv, compose_rdp, part_epsilon
 
 
+NOISE_OFF_CAVEAT = ("noise switched off (--noise-off): a diagnostic run of the same pipeline without noise, "
+                    "not private; the parts keep the σ the target calibrated")
+
+
 class PrivacyLedger:
     def __init__(self, budget: Budget, planned: Sequence[PrivacyPart]):
         names = [p.name for p in planned]
@@ -25,6 +33,7 @@ class PrivacyLedger:
         self.budget = budget
         self.planned = {p.name: p for p in planned}
         self.taken = {p.name: 0 for p in planned}
+        self.noise_off = False
         if budget.private:
             planned_eps = compose_rdp(list(planned), budget.delta)
             if planned_eps > budget.epsilon:
@@ -38,7 +47,14 @@ class PrivacyLedger:
         if name not in self.planned:
             raise PrivacyViolation(f"private part '{name}' was not declared by plan() (declared: "
                                    f"{', '.join(self.planned) or 'none'})")
-        return self.planned[name]
+        part = self.planned[name]
+        return dataclasses.replace(part, noise_multiplier=0.0) if self.noise_off else part
+
+    def switch_noise_off(self) -> None:
+        """Every part's noise multiplier 0 from now on (a diagnostic run: not private)."""
+        if not self.budget.private:
+            raise ValueError("a non-private run has no noise to switch off")
+        self.noise_off = True
 
     def spend(self, name: str, steps: int = 1) -> None:
         if name not in self.planned:
@@ -56,6 +72,11 @@ class PrivacyLedger:
             return PrivacyReport(b, epsilon_rdp=float("inf"), epsilon_prv=float("inf"))
         taken = self.taken if taken is None else taken
         parts = [dataclasses.replace(plan, steps=taken[name]) for name, plan in self.planned.items()]
+        if self.noise_off:  # the calibrated σ stay in the record: what the run would have had
+            inf = float("inf")
+            parts = [dataclasses.replace(p, epsilon=inf if p.steps else 0.0) for p in parts]
+            return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=inf, epsilon_prv=inf, caveat=NOISE_OFF_CAVEAT,
+                                 noise_off=True)
         parts = [dataclasses.replace(p, epsilon=part_epsilon(p, b.delta)) for p in parts]
         return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=compose_rdp(parts, b.delta),
                              epsilon_prv=compose_prv(parts, b.delta))

@@ -38,7 +38,9 @@ from ..privacy import fmt_eps
 ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv",
            "variant", "caveat", "finished", "run_dir"]
 MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (attack unstated)
+AUDIT_PREFIX = "eps_lb_"  # bench audit: eps_lb_<attack>, the one-run lower bound (audit.json)
 MIA_IDEAL = 0.5  # an attack AUC's ideal (no leakage): neither end of the scale is best (evaluators.mia's ``ideal``)
+SIDE = (MIA_PREFIX, AUDIT_PREFIX)  # shown by their own layouts (c, audit), not with the utility metrics
 CAVEAT_MARK = "‡"
 log = logging.getLogger("dpgen_bench")
 
@@ -51,6 +53,8 @@ def collect(root: Path) -> tuple[pd.DataFrame, int]:
         try:
             rec = store.load_record(run_dir)
             if rec is not None:
+                if (run_dir / store.AUDIT_FILE).is_file():
+                    rec["audit"] = store.read_json(run_dir / store.AUDIT_FILE)
                 rows.extend(record_rows(rec, run_dir.name))
                 continue
         except store.DamagedRecord as e:
@@ -78,7 +82,9 @@ def identity(cfg: dict, priv: dict) -> dict:
     skip = _bookkeeping(cfg["method"])
     hp = {k: v for k, v in (cfg.get("hparams") or {}).items() if k not in skip}
     return {"preset": cfg.get("preset"), "delta": float(priv["target"]["delta"]),
-            "samples_per_class": cfg.get("samples_per_class"), "eval_split": cfg.get("eval_split", "test"), **hp}
+            "samples_per_class": cfg.get("samples_per_class"), "eval_split": cfg.get("eval_split", "test"),
+            **({"noise": "off" if priv.get("noise_off") else "on"} if priv.get("private") else {}),
+            **({"canaries": cfg["canaries"]} if cfg.get("canaries") else {}), **hp}
 
 
 def record_rows(rec: dict, run_id: str) -> list[dict]:
@@ -91,7 +97,9 @@ def record_rows(rec: dict, run_id: str) -> list[dict]:
         "variant": json.dumps(identity(cfg, priv), sort_keys=False, default=str), "caveat": priv.get("caveat"),
         "finished": rec.get("finished", math.nan), "run_dir": rec.get("run_dir"),
     }
-    metrics = ev.get("metrics", {})
+    metrics = dict(ev.get("metrics", {}))
+    for attack, bound in (rec.get("audit") or {}).get("attacks", {}).items():
+        metrics[AUDIT_PREFIX + attack] = bound["epsilon_lower_bound"]
     if not metrics:
         return [{**base, "metric": None, "value": math.nan}]
     return [{**base, "metric": m, "value": float(v)} for m, v in metrics.items()]
@@ -281,7 +289,7 @@ def _spent(source: str, sel: pd.DataFrame, notes: list[str]) -> str:
 
 def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
     """Rows (ε, method), columns (dataset, metric)."""
-    agg = agg[~agg["metric"].str.startswith(MIA_PREFIX)] if metrics is None else agg[agg["metric"].isin(metrics)]
+    agg = agg[~agg["metric"].str.startswith(SIDE)] if metrics is None else agg[agg["metric"].isin(metrics)]
     agg = agg[agg["members"] == 0]
     datasets = sorted(agg["dataset"].unique())
     metrics = _metrics_order(agg["metric"].unique())
@@ -312,7 +320,7 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
     sel = agg[(agg["dataset"] == dataset) & (agg["members"] == 0)]
     if eps is not None:
         sel = sel[(sel["eps_target"] == eps) | ~np.isfinite(sel["eps_target"])]
-    metrics = _metrics_order(m for m in sel["metric"].unique() if not m.startswith(MIA_PREFIX))
+    metrics = _metrics_order(m for m in sel["metric"].unique() if not m.startswith(SIDE))
     rows = sel[["source", "method", "eps_target"]].drop_duplicates().sort_values(
         ["source", "eps_target", "method"], ascending=[False, False, True])
     out_rows, cells, notes = [], [], []
@@ -337,7 +345,7 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
 def layout_d(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
     """Rows method, columns (dataset, ε) with the ε spent and each metric: Private GANs
     Table 2, DPAF Table 1 turned round. Each column is one (dataset, ε, metric): best in bold."""
-    agg = agg[~agg["metric"].str.startswith(MIA_PREFIX)] if metrics is None else agg[agg["metric"].isin(metrics)]
+    agg = agg[~agg["metric"].str.startswith(SIDE)] if metrics is None else agg[agg["metric"].isin(metrics)]
     agg = agg[agg["members"] == 0]
     order = _metrics_order(agg["metric"].unique())
     groups = sorted({(d, e) for d, e in zip(agg["dataset"], agg["eps_target"])})
@@ -394,6 +402,28 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
     headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'}, {k if k else 'all'} members{_arrow(m)}"
                for m, k in cols]
     return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells, notes)
+
+
+def layout_audit(agg: pd.DataFrame, dataset: str | None = None) -> Table:
+    """bench audit: rows (method, ε), the accountant's ε and the one-run lower bound per attack."""
+    sel = agg[agg["metric"].str.startswith(AUDIT_PREFIX) & (agg["source"] == "ours")]
+    if dataset:
+        sel = sel[sel["dataset"] == dataset]
+    attacks = sorted(sel["metric"].unique())
+    rows = sel[["method", "dataset", "eps_target"]].drop_duplicates().sort_values(
+        ["dataset", "method", "eps_target"], ascending=[True, True, False])
+    out_rows, cells, notes = [], [], []
+    for _, r in rows.iterrows():
+        s = sel[(sel["method"] == r["method"]) & (sel["dataset"] == r["dataset"]) & (sel["eps_target"] == r["eps_target"])]
+        line: list[Cell | str] = [_spent("ours", s, notes)]
+        for m in attacks:
+            hit = s[s["metric"] == m]
+            line.append(Cell(hit["mean"].iloc[0], hit["std"].iloc[0], int(hit["n"].iloc[0])) if len(hit) else "—")
+        out_rows.append((r["method"], r["dataset"], fmt_eps(r["eps_target"])))
+        cells.append(line)
+    return Table("empirical ε lower bound (one-run audit, 95 %) beside the accountant's", ["method", "dataset", "ε"],
+                 out_rows, ["ε accountant (RDP / PRV)"] + [f"lower bound: {m[len(AUDIT_PREFIX):]}" for m in attacks],
+                 cells, notes)
 
 
 def runs_table(long: pd.DataFrame) -> Table:

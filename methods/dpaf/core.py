@@ -457,6 +457,19 @@ class DPAF(Method):
             gsm2.enable_hooks()
         return float(loss.item())
 
+    # conv1 (DPSGD, phase 1), conv2* (DPSGD) and conv3*/FC* (trained only on DPAGG's noisy
+    # aggregates: post-processing) are all outputs of the mechanism: the audit may read D̂.
+    released_parts = ("D",)
+
+    @torch.no_grad()
+    def released_scores(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """D̂'s logit per record (D without aggregation, as G's step reads it)."""
+        for m in (self.conv1, self.conv2, self.head):
+            m.cpu().eval()
+        x = self._resize(images.cpu(), self.train_shape[1])
+        out = [self.head(self._features(a, b)).flatten() for a, b in zip(x.split(512), labels.cpu().split(512))]
+        return {"D": torch.cat(out)}
+
     # ------------------------------------------------------------------ sampling
 
     def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
