@@ -12,6 +12,9 @@ PATH = Path(__file__).with_name("references.csv")
 # CSV as the papers give them): Inception Score needs Inception's logits, and the converted
 # Inception behind fid / kid has none (evaluators.inception: pool3 features only).
 NOT_COMPUTED = {"is": "Inception Score"}
+# The papers' names of methods this harness implements, as our registry names them, so that
+# "dpmerf (paper)" stands beside "dpmerf" (the CSV keeps the papers' spelling).
+ALIASES = {"dp-merf": "dpmerf", "dp-sinkhorn": "dpsinkhorn"}
 
 
 def load_references(path: Path = PATH) -> pd.DataFrame:
@@ -21,7 +24,7 @@ def load_references(path: Path = PATH) -> pd.DataFrame:
     ref = ref[~ref["metric"].isin(NOT_COMPUTED)].reset_index(drop=True)
     return pd.DataFrame({
         "run_id": ref["paper"] + ":" + ref["table"].astype(str),
-        "method": ref["method"],
+        "method": ref["method"].replace(ALIASES),
         "dataset": ref["dataset"],
         "preset": "paper",
         "seed": 0,

@@ -65,9 +65,9 @@ def test_at_least_best_and_range():
 
 
 def test_paper_order_reads_the_reference_table():
-    # DPAF Table 1, MNIST ε = 10: dp-sinkhorn 0.832 > gswgan 0.808 > dp-merf 0.674
-    arms = {"sk": arm("sk", [0.8, 0.81, 0.82], ref="dp-sinkhorn"), "gs": arm("gs", [0.6, 0.61, 0.62], ref="gswgan"),
-            "merf": arm("merf", [0.9, 0.91, 0.9], ref="dp-merf")}
+    # DPAF Table 1, MNIST ε = 10: dpsinkhorn 0.832 > gswgan 0.808 > dpmerf 0.674
+    arms = {"sk": arm("sk", [0.8, 0.81, 0.82], ref="dpsinkhorn"), "gs": arm("gs", [0.6, 0.61, 0.62], ref="gswgan"),
+            "merf": arm("merf", [0.9, 0.91, 0.9], ref="dpmerf")}
     exp = {"kind": "paper_order", "metric": "gen2real_cnn",
            "reference": {"paper": "dpaf", "table": "Table 1", "dataset": "mnist", "eps": 10, "metric": "gen2real_cnn"}}
     out = claims.check(SPEC, exp, arms)
@@ -107,3 +107,10 @@ def test_claims_md_is_in_the_repo_covers_every_claim_and_is_linked():
         assert f'<a id="{claim["id"]}"></a>' in text, claim["id"]
     assert "benchmarks/CLAIMS.md" in (ROOT / "README.md").read_text()
     assert "claims.py --run" in (ROOT / "Makefile").read_text()
+
+
+def test_reference_rows_use_our_method_names():
+    from dpgen_bench.report.references import load_references
+
+    methods = set(load_references()["method"])
+    assert {"dpmerf", "dpsinkhorn"} <= methods and not {"dp-merf", "dp-sinkhorn"} & methods
