@@ -45,7 +45,6 @@ from .privacy.audit import best_one_run_bound
 
 log = logging.getLogger("dpgen_bench")
 
-AUDIT_FILE = store.AUDIT_FILE
 DEFAULT_CANARIES = 500  # digits: ~250 included beside 1,437 real records; the bound's ceiling ~4.5 at 95 %
 BLACK_BOX_SAMPLES = 2000  # generated samples per class for the nearest-neighbour score
 WHITE_BOX = dict(restarts=4, steps=50, lam=0.2)  # GAN-Leaks latent optimisation, lighter than mia_*'s
@@ -102,7 +101,7 @@ def run_audit(config: RunConfig, *, out: str | None = None, results: str | None 
         "violation": violations,
         "timings": {"run": t_run, "scoring": time.time() - t0 - t_run},
     }
-    store.write_json(Path(run_dir) / AUDIT_FILE, audit)
+    store.write_json(Path(run_dir) / store.AUDIT_FILE, audit)
     if violations and math.isfinite(eps_rdp) and not record["privacy"].get("noise_off"):
         raise PrivacyViolation(f"audit of {run_dir}: the lower bound of {', '.join(violations)} exceeds the "
                                f"accountant's ε = {eps_rdp:.4g}: a privacy or audit bug (audit.json keeps the evidence)")

@@ -42,10 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.errors import UserError
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
-from dpgen_bench.privacy import calibrate_noise, steps_for_budget
+from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch
 
 N_D_SCHEDULE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -197,19 +196,8 @@ class DPGAN(Method):
         sigma = h.noise_multiplier
         if sigma is None and h.noise_by_epsilon:
             sigma = _value_from_table(h.noise_by_epsilon, budget.epsilon)
-        if h.steps is not None and sigma is None:
-            sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
-                                    steps=h.steps)
-            steps = h.steps
-        elif sigma is not None and h.steps is None:
-            steps = steps_for_budget(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
-                                     noise_multiplier=sigma)
-            if steps == 0:
-                raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
-        elif sigma is not None and h.steps is not None:
-            steps = h.steps  # the ledger refuses the plan if it exceeds the target
-        else:
-            raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
+        sigma, steps = steps_and_noise(method=self.name, epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
+                                       steps=h.steps, noise_multiplier=sigma)
         return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
 
     # ----------------------------------------------------------------- training

@@ -34,8 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.errors import UserError
-from dpgen_bench.nets.dcgan import ConditionalGenerator
+from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy.accounting import gaussian_releases
 
@@ -108,10 +107,7 @@ class DPMERF(Method):
     def __init__(self, hparams: DPMERFHparams, info: DataInfo):
         super().__init__(hparams, info)
         h = hparams
-        try:
-            self.G = ConditionalGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim)
-        except ValueError as e:  # an image size the DCGAN generator does not have
-            raise UserError(f"{self.name}: {e}") from None
+        self.G = conditional_generator(self.name, info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         self.freqs = torch.empty(0)  # the random features: drawn from the run's seed in fit
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:

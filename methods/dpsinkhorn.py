@@ -91,10 +91,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.errors import UserError
-from dpgen_bench.nets.dcgan import ConditionalGenerator
+from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
-from dpgen_bench.privacy import calibrate_noise, steps_for_budget
+from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.dpsgd import poisson_batch
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 
@@ -287,10 +286,7 @@ class DPSinkhorn(Method):
     def __init__(self, hparams: DPSinkhornHparams, info: DataInfo):
         super().__init__(hparams, info)
         h = hparams
-        try:
-            self.G = ConditionalGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim)
-        except ValueError as e:  # an image size the DCGAN generator does not have
-            raise UserError(f"{self.name}: {e}") from None
+        self.G = conditional_generator(self.name, info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         self.cost = make_cost(h.cost, h.l1_weight)
 
     # ------------------------------------------------------------------ privacy
@@ -301,21 +297,8 @@ class DPSinkhorn(Method):
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         h, q = self.hparams, self.sample_rate
-        if h.steps is not None and h.noise_multiplier is None:
-            sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q, steps=h.steps)
-            steps = h.steps
-        elif h.noise_multiplier is not None and h.steps is None:
-            sigma = h.noise_multiplier
-            steps = steps_for_budget(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
-                                     noise_multiplier=sigma)
-            if h.max_steps is not None:
-                steps = min(steps, h.max_steps)
-            if steps == 0:
-                raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
-        elif h.noise_multiplier is not None and h.steps is not None:
-            sigma, steps = h.noise_multiplier, h.steps  # the ledger refuses the plan if it exceeds the target
-        else:
-            raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
+        sigma, steps = steps_and_noise(method=self.name, epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
+                                       steps=h.steps, noise_multiplier=h.noise_multiplier, cap=h.max_steps)
         return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
 
     @staticmethod

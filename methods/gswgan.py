@@ -112,7 +112,7 @@ from dpgen_bench.errors import UserError
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
-from dpgen_bench.privacy import calibrate_noise, steps_for_budget
+from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.accounting import WOR
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 
@@ -256,20 +256,9 @@ class GSWGAN(Method):
         h, q = self.hparams, self.sample_rate
         self._check_partition()
         per = self.compositions_per_step  # the part's steps are T · per
-        if h.steps is not None and h.noise_multiplier is None:
-            sigma = calibrate_noise(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
-                                    steps=h.steps * per, mechanism=WOR)
-            steps = h.steps
-        elif h.noise_multiplier is not None and h.steps is None:
-            sigma = h.noise_multiplier
-            steps = steps_for_budget(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
-                                     noise_multiplier=sigma, mechanism=WOR) // per
-            if steps == 0:
-                raise UserError(f"noise multiplier {sigma} allows no step at ε={budget.epsilon}; raise the noise")
-        elif h.noise_multiplier is not None and h.steps is not None:
-            sigma, steps = h.noise_multiplier, h.steps  # the ledger refuses the plan if it exceeds the target
-        else:
-            raise UserError(f"'{self.name}' needs either steps or noise_multiplier set (--set steps=N)")
+        sigma, steps = steps_and_noise(method=self.name, epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
+                                       steps=h.steps, noise_multiplier=h.noise_multiplier,
+                                       compositions_per_step=per, mechanism=WOR)
         return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps) * per, mechanism=WOR)]
 
     # ----------------------------------------------------------------- training

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UserError
+
 # (kernel, stride, padding) of the layers after the first, per image size.
 _D_LAYERS = {
     16: [(4, 2, 1)],
@@ -94,3 +96,13 @@ class ConditionalGenerator(nn.Module):
         for layer in self.body:
             h = F.leaky_relu(layer(h), 0.2)
         return torch.tanh(self.out(h))  # [-1, 1]
+
+
+def conditional_generator(method: str, image_shape: tuple[int, int, int], num_classes: int, width: int,
+                          latent_dim: int) -> ConditionalGenerator:
+    """``ConditionalGenerator`` for a method's run; an image size it does not have is one line
+    naming the method (a ``UserError``), not a traceback."""
+    try:
+        return ConditionalGenerator(image_shape, num_classes, width, latent_dim)
+    except ValueError as e:
+        raise UserError(f"{method}: {e}") from None

@@ -7,6 +7,7 @@ from .accounting import (
     compose_rdp,
     fmt_eps,
     part_epsilon,
+    steps_and_noise,
     steps_for_budget,
 )
 from .ledger import PrivacyLedger
@@ -17,6 +18,7 @@ __all__ = [
     "compose_rdp",
     "fmt_eps",
     "part_epsilon",
+    "steps_and_noise",
     "steps_for_budget",
     "PrivacyLedger",
 ]

@@ -276,6 +276,31 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
     return float(sigma)
 
 
+def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: float, steps: int | None,
+                    noise_multiplier: float | None, compositions_per_step: int = 1, cap: int | None = None,
+                    mechanism: str = POISSON) -> tuple[float, int]:
+    """(σ, T) of a method that fixes its steps T (σ calibrated for the target), or its noise
+    σ (T: as many steps as the target allows, at most ``cap``), or both (the ledger then
+    refuses a pair that exceeds the target). Each of the T steps is
+    ``compositions_per_step`` mechanisms in the accounting; T counts method steps."""
+    per = compositions_per_step
+    if steps is not None and noise_multiplier is None:
+        sigma = calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps * per,
+                                mechanism=mechanism)
+        return sigma, steps
+    if noise_multiplier is not None and steps is None:
+        t = steps_for_budget(epsilon=epsilon, delta=delta, sample_rate=sample_rate,
+                             noise_multiplier=noise_multiplier, mechanism=mechanism) // per
+        if cap is not None:
+            t = min(t, cap)
+        if t == 0:
+            raise UserError(f"noise multiplier {noise_multiplier} allows no step at ε={epsilon}; raise the noise")
+        return noise_multiplier, t
+    if noise_multiplier is not None and steps is not None:
+        return noise_multiplier, steps
+    raise UserError(f"'{method}' needs either steps or noise_multiplier set (--set steps=N)")
+
+
 def gaussian_releases(*, epsilon: float, delta: float, shares: dict[str, float]) -> list[PrivacyPart]:
     """One-shot Gaussian releases on the whole dataset (sample rate 1, one step each) that
     share one calibrated noise: the RDP of a release is α/(2σ_k²), so parts with
