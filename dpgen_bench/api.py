@@ -95,16 +95,22 @@ class ImageData:
             nonmember_indices=nonmembers,
         )
 
-    def with_canaries(self, m: int, seed: int) -> "ImageData":
-        """Add ``m`` audit canaries (one-run auditing): each is a training image turned
-        negative (x → −x) with a different label drawn at random, so that it is unlike any
-        real record; each enters the training split independently with probability 1/2.
-        Seeded by ``seed``; the canaries and which were included are kept for scoring."""
+    def with_canaries(self, m: int, seed: int, pool: Split | None = None) -> "ImageData":
+        """Add ``m`` audit canaries (one-run auditing): each is an image of ``pool`` (default:
+        the training split; the runner passes the whole training split under ``--members``)
+        turned negative (x → −x) with a different label drawn at random, so that it is unlike
+        any real record; each enters the training split independently with probability 1/2.
+        The images are drawn without replacement (with replacement only when m exceeds the
+        pool): two canaries never share an image, so none can stand in for another (with
+        ``--members 16`` a member-only pool made ~8 canaries of each image, some of them equal
+        in image and label, one included and one not). Seeded by ``seed``; the canaries and
+        which were included are kept for scoring."""
+        src = self.train if pool is None else pool
         rng = np.random.default_rng([seed, 0xCA9A])
-        base = rng.integers(0, len(self.train), size=m)
-        labels = self.train.labels.cpu().numpy()[base]
+        base = rng.choice(len(src), size=m, replace=m > len(src))
+        labels = src.labels.cpu().numpy()[base]
         shift = rng.integers(1, self.num_classes, size=m)  # never the image's own label
-        canaries = Split(-self.train.images[torch.as_tensor(base, device=self.train.images.device)],
+        canaries = Split(-src.images[torch.as_tensor(base, device=src.images.device)].to(self.train.images.device),
                          torch.as_tensor((labels + shift) % self.num_classes, device=self.train.labels.device))
         included = rng.random(m) < 0.5
         keep = canaries.subset(np.flatnonzero(included))

@@ -1,11 +1,12 @@
 """``bench audit``: a measured lower bound on ε beside the accountant's, from one training run.
 
 One-run auditing (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run",
-NeurIPS 2023): ``m`` canaries (``ImageData.with_canaries``: training digits turned negative
-with a wrong label, so unlike any real record) each enter the training split independently
-with probability 1/2; the run trains, samples and records as ``bench run`` does; then every
-canary is scored by each attack, and the number of correct in/out guesses among the
-highest and lowest scores becomes an ε lower bound at ``confidence``
+NeurIPS 2023): ``m`` canaries (``ImageData.with_canaries``: images of the whole training
+split, each used at most once, turned negative with a wrong label, so unlike any real record
+and unlike each other) each enter the training split independently with probability 1/2
+(under ``--members N``: beside the N members); the run trains, samples and records as
+``bench run`` does; then every canary is scored by each attack, and the number of correct
+in/out guesses among the highest and lowest scores becomes an ε lower bound at ``confidence``
 (``privacy.audit.best_one_run_bound``: the paper's theorem with δ, a union bound over the
 (k₊, k₋) grid).
 
@@ -19,6 +20,17 @@ mechanism's output):
 - ``white_box_<part>``: each part a method names in ``released_parts`` (dpgan's D, trained
   by DPSGD: its logit on the canary). GS-WGAN's and DP-GAN-DPAC's discriminators are never
   released: not used.
+
+Scores are uncalibrated (no reference model, no paired control). On one positive-control
+run (issue 20) white_box_D's raw logit gave 1.72; calibrated by D's logits under the other
+labels 1.29-1.59, by its logit on the un-negated image 1.16, by D's loss difference 1.47;
+black_box / white_box_G calibrated by their distances under other labels 0.85 / 0.21
+against 0.78 / 0.89 raw: none kept.
+
+Positive control (``tests/integration/test_audit_cli.py``, slow): the non-private ``gan``
+with ``--preset memorise --members 16 --canaries 256`` (~3 min on one core) gives
+white_box_D ≈ 2.6 at 95 % (101/102 correct guesses), black_box and white_box_G ≈ 1; the
+canaries' distinct images are what make it work (a member-only pool of 16 images gave 0.85).
 
 The bound is for this run's mechanism and these attacks; far below the accountant's ε is
 normal for GANs (the accountant bounds the worst case over all datasets and adversaries).
@@ -94,7 +106,7 @@ def run_audit(config: RunConfig, *, out: str | None = None, results: str | None 
     audit = {
         "method": config.method, "dataset": config.dataset, "seed": config.seed,
         "canaries": config.canaries, "included": int(p.data.canary_included.sum()),
-        "canary_kind": "training images turned negative (x → −x) with a different random label",
+        "canary_kind": "training images, each used once, turned negative (x → −x) with a different random label",
         "confidence": confidence, "delta": delta,
         "epsilon_accountant": {"rdp": eps_rdp, "prv": float(eps["prv"])},
         "attacks": attacks, "outputs_used": used,

@@ -136,10 +136,11 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     device = resolve_device(config.device)
     data = load_dataset(config.dataset, config.eval_split, root=data_root)
     check_members(config, data.name, len(data.train), len(data.test))
+    full_train = data.train  # canary images come from the whole training split, --members or not
     if config.members is not None:
         data = data.with_members(config.members, seed=config.seed)
     if config.canaries:
-        data = data.with_canaries(config.canaries, seed=config.seed)
+        data = data.with_canaries(config.canaries, seed=config.seed, pool=full_train)
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
     method, ledger = _calibrate(config, method_cls, budget, info)
     if config.noise_off:
