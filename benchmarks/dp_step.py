@@ -1,17 +1,24 @@
-"""DPGAN discriminator step: non-private vs DPSGD (Opacus per-example gradients), per
-grad-sample mode, at the quick (digits) and paper (MNIST) widths.
+"""DPGAN discriminator step: non-private vs DPSGD in every grad-sample mode, at the quick
+(digits) and paper (MNIST) widths.
 
-    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N]
+    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N] [--json]
 
-One process, same batch, same networks; each configuration is warmed up, then timed over
-``--repeats`` steps (median). The step is the one ``methods/dpgan.py`` takes: one forward
-and backward over B real + B fake examples, then the optimiser step (with clipping and
-noise when private).
+One process, same batch, same networks; every configuration is built and warmed up, then
+the modes are timed round-robin (one step of each mode per round, ``--repeats`` rounds,
+median), so that a change of machine load hits every mode alike. The step is the one
+``methods/dpgan.py`` takes: one forward and backward over B real + B fake examples, then
+the optimiser step (with clipping and noise when private). ``bk:ghost`` and
+``bk:per_example`` are the book-keeping mode with one norm rule forced on every layer (the
+default ``bk`` picks per layer): diagnostics of the mixed rule, not modes a method offers.
+
+``--json`` prints ``{"configs": [{"name", "mode", "step_ms", "ratio"}, ...]}`` (a mode
+Opacus cannot run on this network has ``step_ms`` and ``ratio`` null and an ``error``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -22,9 +29,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dpgen_bench.nets.dcgan import ConditionalDiscriminator  # noqa: E402
 from dpgen_bench.api import PrivacyPart  # noqa: E402
-from dpgen_bench.privacy.dpsgd import make_private  # noqa: E402
+from dpgen_bench.nets.dcgan import ConditionalDiscriminator  # noqa: E402
+from dpgen_bench.privacy.dpsgd import GRAD_SAMPLE_MODES, make_private, private_backward  # noqa: E402
 
 
 class PartContext:
@@ -39,44 +46,69 @@ class PartContext:
     def spend(self, name, steps=1):
         self.spent += steps
 
+
 CONFIGS = {  # name: (image shape, width, real batch B)
     "quick (digits 16x16, d=32, B=64)": ((1, 16, 16), 32, 64),
     "paper (MNIST 28x28, d=128, B=128)": ((1, 28, 28), 128, 128),
 }
+MODES = ("non-private", *GRAD_SAMPLE_MODES, "bk:ghost", "bk:per_example")
 
 
-def time_steps(step, repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
-def bench(shape, width, batch, mode: str | None, repeats: int, device) -> float:
+def make_step(shape, width, batch, mode: str, device):
+    """A closure taking one D step of ``mode`` (``"non-private"`` or a grad-sample mode)."""
     torch.manual_seed(0)
     D = ConditionalDiscriminator(shape, 10, width).to(device)
     opt = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    model = D
-    if mode is not None:
+    model, private = D, mode != "non-private"
+    if private:
+        base, _, norms = mode.partition(":")
         model, opt = make_private(D, opt, ctx=PartContext(1.0), part="d", max_grad_norm=1.0,
-                                  expected_batch_size=2 * batch, grad_sample_mode=mode)
+                                  expected_batch_size=2 * batch, grad_sample_mode=base)
+        if norms:
+            model.norms = norms
     x = torch.rand(2 * batch, *shape, device=device) * 2 - 1
     y = torch.randint(0, 10, (2 * batch,), device=device)
     t = torch.cat([torch.ones(batch), torch.zeros(batch)]).to(device)
 
     def step():
-        loss = F.binary_cross_entropy_with_logits(model(x, y), t)
+        losses = F.binary_cross_entropy_with_logits(model(x, y), t, reduction="none")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if private:
+            private_backward(model, opt, losses)
+        else:
+            losses.mean().backward()
         opt.step()
+        _sync()
 
-    return time_steps(step, repeats)
+    return step
+
+
+def bench_config(shape, width, batch, repeats: int, device, modes=MODES, warmup: int = 3) -> dict[str, float | str]:
+    """Median seconds per step of each mode (or the error a mode raised), timed round-robin."""
+    steps: dict = {}
+    out: dict[str, float | str] = {}
+    for mode in modes:
+        try:
+            step = make_step(shape, width, batch, mode, device)
+            for _ in range(warmup):
+                step()
+            steps[mode] = step
+        except Exception as e:  # noqa: BLE001 - a mode Opacus cannot run on this net
+            out[mode] = f"{type(e).__name__}: {str(e)[:80]}"
+    times: dict[str, list[float]] = {m: [] for m in steps}
+    for _ in range(repeats):
+        for mode, step in steps.items():
+            t = time.perf_counter()
+            step()
+            times[mode].append(time.perf_counter() - t)
+    for mode in steps:
+        out[mode] = statistics.median(times[mode])
+    return {m: out[m] for m in modes}
 
 
 def main() -> None:
@@ -84,22 +116,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| config | mode | step (ms) | ratio to non-private |")
-    print("|---|---|---|---|")
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"repeats {args.repeats}", file=sys.stderr)
+    rows = []
+    if not args.json:
+        print("| config | mode | step (ms) | ratio to non-private |")
+        print("|---|---|---|---|")
     for name, (shape, width, batch) in CONFIGS.items():
-        base = bench(shape, width, batch, None, args.repeats, device)
-        print(f"| {name} | non-private | {base * 1e3:.1f} | 1.00 |", flush=True)
-        for mode in ("hooks", "functorch", "ew"):
-            try:
-                t = bench(shape, width, batch, mode, args.repeats, device)
-                print(f"| {name} | {mode} | {t * 1e3:.1f} | {t / base:.2f} |", flush=True)
-            except Exception as e:  # noqa: BLE001 - a mode Opacus cannot run on this net
-                print(f"| {name} | {mode} | fails: {type(e).__name__}: {str(e)[:60]} | — |", flush=True)
+        res = bench_config(shape, width, batch, args.repeats, device)
+        base = res["non-private"]
+        for mode, t in res.items():
+            ok = isinstance(t, float)
+            row = {"name": name, "mode": mode, "step_ms": round(t * 1e3, 2) if ok else None,
+                   "ratio": round(t / base, 3) if ok else None}
+            if not ok:
+                row["error"] = t
+            rows.append(row)
+            if not args.json:
+                cell = f"{row['step_ms']:.1f} | {row['ratio']:.2f}" if ok else f"fails: {t} | —"
+                print(f"| {name} | {mode} | {cell} |", flush=True)
+    if args.json:
+        print(json.dumps({"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "configs": rows}, indent=1))
 
 
 if __name__ == "__main__":

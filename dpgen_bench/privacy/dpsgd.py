@@ -5,6 +5,20 @@
 optimizer's steps on that part (before the update is applied): a DPSGD step cannot be
 taken without being counted, nor beyond the plan. Data sampling is done by the caller with
 ``poisson_batch`` on cached tensors (Opacus' ``DPDataLoader`` would iterate Python items).
+
+Grad-sample modes (``GRAD_SAMPLE_MODES``), all giving the same update
+``(Σ clip(g_i, C) + N(0, σ²C²)) / expected_batch_size`` (tests/unit/test_fastclip.py):
+
+- ``hooks``, ``functorch``, ``ew``: Opacus materialises every per-example gradient, then
+  clips (the only modes for code that edits per-example gradients, e.g. DPAF's gradient
+  compression);
+- ``ghost``: Opacus' fast gradient clipping (norms in a first backward pass, a second
+  backward pass of the clip-weighted per-example losses); needs per-example losses;
+- ``bk``: ours, ``fastclip.BookKeepingModule``: one backward pass, mixed ghost /
+  per-example norms per layer, the clipped sum by one weight-gradient kernel per layer.
+
+Every backward of a private part goes through ``private_backward(module, optimizer,
+loss)``, which does what the mode needs.
 """
 
 from __future__ import annotations
@@ -12,14 +26,19 @@ from __future__ import annotations
 import warnings
 
 import torch
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.grad_sample.utils import wrap_model
-from opacus.optimizers import DPOptimizer
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from opacus.validators import ModuleValidator
 from torch import nn
 
 from ..api import RunContext
+from .fastclip import BookKeepingModule
 
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost", "bk")
+# modes that never hold per-example gradients (p.grad_sample): code that edits them refuses these
+NORM_ONLY_MODES = ("ghost", "bk")
 
 
 def make_private(
@@ -51,8 +70,15 @@ def make_private(
     # (real images): expected and harmless; the secure-RNG note is about secure_mode.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
-    gsm = wrap_model(module, grad_sample_mode, batch_first=True, loss_reduction="mean")
-    dp_opt = DPOptimizer(
+    if grad_sample_mode == "bk":
+        gsm = BookKeepingModule(module, max_grad_norm=max_grad_norm, loss_reduction="mean")
+    elif grad_sample_mode == "ghost":
+        gsm = wrap_model(module, "ghost", batch_first=True, loss_reduction="mean", max_grad_norm=max_grad_norm,
+                         use_ghost_clipping=True)
+    else:
+        gsm = wrap_model(module, grad_sample_mode, batch_first=True, loss_reduction="mean")
+    opt_cls = DPOptimizerFastGradientClipping if grad_sample_mode in NORM_ONLY_MODES else DPOptimizer
+    dp_opt = opt_cls(
         optimizer,
         noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm,
@@ -62,6 +88,46 @@ def make_private(
     )
     dp_opt.attach_step_hook(lambda _opt: ctx.spend(part))
     return gsm, dp_opt
+
+
+def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tensor, *,
+                     also: list[torch.Tensor] | tuple = ()) -> None:
+    """The backward pass of a private part wrapped by ``make_private``, for every mode:
+    the part's parameters get what its DP optimizer expects, the tensors in ``also`` (other,
+    non-private parameters trained on the same loss) their ordinary gradient, and nothing
+    else is touched.
+
+    ``loss``: a vector of per-example losses (averaged: ``loss_reduction="mean"``), or a
+    scalar with the same mean semantics (any loss for ``hooks``/``functorch``/``bk``, which
+    clip each example's output-gradient × input contribution, as Opacus defines the
+    per-example gradient). ``ghost`` needs the vector: its second pass weights each
+    example's loss by its clipping factor."""
+    if isinstance(module, BookKeepingModule):
+        module.backward(loss, also=also)
+        return
+    if isinstance(module, GradSampleModuleFastGradientClipping):
+        if loss.dim() != 1:
+            raise ValueError("grad_sample_mode 'ghost' needs the per-example losses (a vector)")
+        if also:
+            raise ValueError("grad_sample_mode 'ghost' cannot train other parameters on the same loss")
+        DPTensorFastGradientClipping(module, optimizer, loss, "mean").backward()
+        return
+    inputs = [p for p in module.parameters() if p.requires_grad] + list(also)
+    (loss.mean() if loss.dim() > 0 else loss).backward(inputs=inputs)
+
+
+def empty_batch(module: nn.Module) -> None:
+    """An empty Poisson batch: every example's (clipped) gradient is absent, so the step
+    that follows adds pure noise (and is counted like every other)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if isinstance(module, BookKeepingModule):
+        module.zero_contribution()
+    elif isinstance(module, GradSampleModuleFastGradientClipping):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+    else:
+        for p in params:
+            p.grad_sample = torch.zeros((0, *p.shape), device=p.device, dtype=p.dtype)
 
 
 def poisson_batch(n: int, sample_rate: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:

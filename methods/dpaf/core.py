@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.sampling import sample_conditional
-from dpgen_bench.privacy.dpsgd import make_private, poisson_batch
+from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
 
 from .budget import parse_split, plan_parts, schedule
 from .compression import compress_grad_samples
@@ -69,6 +69,11 @@ class DPAFHparams:
     beta2: float = 0.999
     log_every: int = 50
     torch_threads: int | None = None  # intra-op threads during fit (restored after); None: unchanged
+    # how conv1's and conv2*'s per-example gradients are clipped (dpgen_bench/privacy/dpsgd.py).
+    # auto: the fastest exact one: "hooks" with gradient compression, which edits every
+    # per-example gradient and so needs them materialised; "bk" (book-keeping, no
+    # per-example gradients; the same update as hooks, tests/unit/test_fastclip.py) without
+    grad_sample_mode: Literal["auto", "hooks", "functorch", "bk"] = "auto"
 
     def __post_init__(self):
         canonical_config(self.layer_config)
@@ -87,6 +92,15 @@ class DPAFHparams:
         if min(self.width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
             raise ValueError("widths, dimensions and log_every must be ≥ 1")
         parse_split(self.budget_split)
+        if self.gc and self.grad_sample_mode == "bk":
+            raise ValueError("gradient compression (gc) edits per-example gradients: use grad_sample_mode "
+                             "'hooks' or 'functorch' (or gc=false for 'bk')")
+
+    @property
+    def dpsgd_mode(self) -> str:
+        if self.grad_sample_mode != "auto":
+            return self.grad_sample_mode
+        return "hooks" if self.gc else "bk"
 
 
 class DPAF(Method):
@@ -96,6 +110,8 @@ class DPAF(Method):
     private = True
     conditional = True
     Hparams = DPAFHparams
+    # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
+    bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
     presets = {
         "quick": {
             # CPU, digits 16×16 at its native size, about a minute of one core. Not a paper
@@ -261,7 +277,8 @@ class DPAF(Method):
                                          betas=betas)
         opt = torch.optim.Adam(dp_module.parameters(), lr=h.lr_c, betas=betas)
         gsm, dp_opt = make_private(dp_module, opt, ctx=ctx, part=part.name, max_grad_norm=h.max_grad_norm,
-                                   expected_batch_size=h.batch_size, noise_generator=noise_gen)
+                                   expected_batch_size=h.batch_size, noise_generator=noise_gen,
+                                   grad_sample_mode=h.dpsgd_mode)
         dp_params = [p for p in dp_module.parameters() if p.requires_grad]
         loss_sum, seen, start = 0.0, 0, 1
         if resume is not None:
@@ -278,21 +295,22 @@ class DPAF(Method):
             if other_opt is not None:
                 other_opt.zero_grad(set_to_none=True)
             if len(idx) == 0:  # an empty Poisson batch still takes its (pure-noise) step
-                _empty_grad_samples(dp_params)
+                empty_batch(gsm)
                 loss = None
             elif sound:
                 # Per-example MSE between the predicted proportions of a batch of one and
                 # its proportions (the one-hot label): decomposes over examples.
                 probs = F.softmax(gsm(x), dim=1)
-                loss = ((probs - F.one_hot(y, k).to(probs.dtype)) ** 2).mean(1).mean()
-                loss.backward()
+                loss = ((probs - F.one_hot(y, k).to(probs.dtype)) ** 2).mean(1)
+                private_backward(gsm, dp_opt, loss)
+                loss = loss.mean()
             else:
                 feats = sin(C.conv2(gsm(x)), h.sin_eps)
                 agg = feats.flatten(1).sum(0, keepdim=True) / len(idx)
                 probs = F.softmax(C.head(agg), dim=1)
                 target = F.one_hot(y, k).to(probs.dtype).mean(0, keepdim=True)  # class proportions
                 loss = F.mse_loss(probs, target)
-                loss.backward()
+                private_backward(gsm, dp_opt, loss, also=list(C.conv2.parameters()) + list(C.head.parameters()))
             if h.gc:
                 compress_grad_samples(dp_params, h.gc_keep, generator=gc_gen)
             dp_opt.step()  # counted on conv1
@@ -323,7 +341,8 @@ class DPAF(Method):
         opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g, betas=betas)
         opt_c2 = torch.optim.Adam(self.conv2.parameters(), lr=h.lr_conv2, betas=betas)
         gsm2, dp_opt2 = make_private(self.conv2, opt_c2, ctx=ctx, part=part2.name, max_grad_norm=h.max_grad_norm,
-                                     expected_batch_size=2 * mu * B, noise_generator=noise_gen)
+                                     expected_batch_size=2 * mu * B, noise_generator=noise_gen,
+                                     grad_sample_mode=h.dpsgd_mode)
         sigma3, sens = part3.noise_multiplier, self.sensitivity
         window: list = []
         conv2_steps, g_steps = 0, 0
@@ -415,7 +434,7 @@ class DPAF(Method):
         rows = torch.cat([v[:mu][k_real], v[mu:][k_fake]])
         surrogate = (feats * rows).sum(1).mean()  # Opacus' per-sample gradients: ∇⟨f_i, v⟩
         dp_opt2.zero_grad(set_to_none=True)
-        surrogate.backward()
+        private_backward(gsm2, dp_opt2, surrogate)
         if h.gc:
             compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
         dp_opt2.step()
@@ -438,7 +457,7 @@ class DPAF(Method):
         tgt = torch.cat([torch.ones(mu, device=dev), torch.zeros(mu, device=dev)])
         loss = F.binary_cross_entropy_with_logits(self._head_agg(sums).flatten(), tgt)
         dp_opt2.zero_grad(set_to_none=True)
-        loss.backward(inputs=list(self.conv2.parameters()))
+        private_backward(gsm2, dp_opt2, loss)  # conv2*'s parameters only
         if h.gc:
             compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
         dp_opt2.step()
@@ -492,12 +511,6 @@ class DPAF(Method):
         self.conv2.load_state_dict(state["conv2"])
         self.head.load_state_dict(state["head"])
         self.G.load_state_dict(state["G"])
-
-
-def _empty_grad_samples(params) -> None:
-    """Per-sample gradients of an empty batch, so that the DP step adds its noise."""
-    for p in params:
-        p.grad_sample = torch.zeros((0, *p.shape), device=p.device, dtype=p.dtype)
 
 
 __all__ = ["DPAF", "DPAFHparams"]

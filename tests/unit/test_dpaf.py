@@ -467,3 +467,26 @@ def test_budget_must_be_finite():
 def test_planned_parts_are_privacy_parts():
     parts = DPAF(DPAFHparams(**TINY), DIGITS).plan(Budget(1.0))
     assert all(isinstance(p, PrivacyPart) and p.mechanism == "subsampled_gaussian" for p in parts)
+
+
+@pytest.mark.parametrize("privacy_mode", ["sound", "paper"])
+def test_book_keeping_gives_the_hooks_training_without_gradient_compression(privacy_mode):
+    """With gc off, ``auto`` picks book-keeping; both phases' DPSGD parts (and the paper
+    mode's non-private conv2/head of C, trained on the same loss) end where Opacus' hooks
+    end, on the same seed, including empty Poisson batches (batch_size=2)."""
+    states = {}
+    for mode in ("hooks", "auto"):
+        torch.manual_seed(0)
+        m, ctx = _fit(eps=5.0, gc=False, grad_sample_mode=mode, privacy_mode=privacy_mode, batch_size=2,
+                      batches=12, classifier_batches=6)
+        states[mode] = m.state_dict()
+        assert ctx.ledger.taken == {"conv1": 6, "conv2": 3, "dpagg": 12}
+    assert DPAFHparams(gc=False).dpsgd_mode == "bk" and DPAFHparams().dpsgd_mode == "hooks"
+    for net in ("conv1", "conv2", "head", "G"):
+        for k, v in states["hooks"][net].items():
+            torch.testing.assert_close(states["auto"][net][k], v, rtol=1e-4, atol=1e-6, msg=f"{net}.{k}")
+
+
+def test_gradient_compression_refuses_book_keeping():
+    with pytest.raises(ValueError, match="gradient compression"):
+        DPAFHparams(gc=True, grad_sample_mode="bk")

@@ -136,9 +136,9 @@ def test_paper_parameter_counts():
     assert count(ConditionalGenerator((3, 32, 32), 2, 128, 128)) == pytest.approx(3.16e6, rel=0.01)
 
 
-@pytest.mark.parametrize("method", ["dpgan", "gan"])
+@pytest.mark.parametrize("method,mode", [("dpgan", "hooks"), ("dpgan", "bk"), ("dpgan", "ghost"), ("gan", None)])
 @pytest.mark.parametrize("cap", [None, 5, 7, 24])
-def test_d_step_in_physical_chunks_is_the_same_update(method, cap):
+def test_d_step_in_physical_chunks_is_the_same_update(method, mode, cap):
     """``max_physical_batch`` changes memory, not the update: chunks of clipped per-example
     gradients summed by Opacus (skipped steps) with one noise draw at the end, or weighted
     chunk losses without privacy, give the whole batch's step."""
@@ -158,7 +158,7 @@ def test_d_step_in_physical_chunks_is_the_same_update(method, cap):
         D = m.D
         if m.private:
             D, opt = make_private(m.D, opt, ctx=PartContext(0.5), part="d", max_grad_norm=0.05, expected_batch_size=16,
-                                  noise_generator=torch.Generator().manual_seed(11))
+                                  noise_generator=torch.Generator().manual_seed(11), grad_sample_mode=mode)
         loss = m._d_step(D, opt, real, fake_x, fake_y)
         return loss, [p.detach().clone() for p in m.D.parameters()]
 

@@ -1,0 +1,294 @@
+"""Per-example clipping without per-example gradients: book-keeping with mixed ghost norms.
+
+DPSGD needs ``Σᵢ clip(gᵢ, C)`` where ``gᵢ`` is example i's gradient. Opacus' ``hooks``
+mode materialises every ``gᵢ`` (a B × |θ| tensor) and then clips; its ``ghost`` mode
+(fast gradient clipping, Li et al. 2022) computes only the norms ``‖gᵢ‖`` in a first
+backward pass and gets ``Σᵢ cᵢ gᵢ`` from a second backward pass of ``Σᵢ cᵢ Lᵢ`` — but
+Opacus 1.6 has ghost norms only for ``nn.Linear`` and ``nn.Embedding``, so on a
+convolutional discriminator it still materialises every conv layer's per-example
+gradient, and pays a second backward pass on top.
+
+``BookKeepingModule`` (mode ``"bk"``) does the whole clipped step with ONE backward pass
+of the activations only (Bu, Wang, Zha, Karypis, "Automatic clipping ..."/"Differentially
+private optimization on large model at small cost" — book-keeping, ICML 2023), and per
+layer the cheaper of two exact norm computations (Bu, Mao, Xu, "Scalable and efficient
+training of large convolutional neural networks with differential privacy", NeurIPS 2022
+— mixed ghost clipping):
+
+1. forward hooks keep each trainable layer's input ``a`` and output ``s``;
+2. ``torch.autograd.grad(L, [s for every layer])`` gives the output gradients ``∂L/∂s``
+   without computing any weight gradient (autograd computes only what is asked for);
+3. per layer and example, ‖gᵢ‖² from ``a`` and ``∂L/∂s``:
+   - conv / linear with T output positions, unfolded input dimension d and p outputs:
+     *ghost* ``Σ_{t,t'} (AᵢᵀAᵢ)_{tt'} (GᵢᵀGᵢ)_{tt'}`` costs B·T²·(d+p) and never forms a
+     p × d matrix; *per-example* ``‖Gᵢ Aᵢᵀ‖²`` costs B·T·d·p and memory B·p·d. ``norms=
+     "mixed"`` takes ghost where ``T·(d + p) < d·p`` (the arithmetic of the two; Bu et
+     al.'s rule ``2T² < p·d`` is the memory version of the same trade-off);
+   - any other layer Opacus has a per-example rule for (``GRAD_SAMPLERS``: embedding,
+     layer/group norm, ...): Opacus' per-example gradient, then its norm;
+4. ``cᵢ = min(1, C / (‖gᵢ‖ + 1e-6))`` (Opacus' own formula), then per layer the
+   clipped sum ``Σᵢ cᵢ gᵢ`` in one weight-gradient computation with the output gradients
+   scaled by ``cᵢ`` (the same native kernel autograd uses), or ``Σᵢ cᵢ gᵢ`` from the
+   per-example matrices where step 3 built them anyway.
+
+``p.grad`` then holds ``Σᵢ clip(gᵢ, C)``; Opacus' ``DPOptimizerFastGradientClipping``
+adds ``N(0, σ²C²)`` and divides by the expected batch size, as ``DPOptimizer`` does.
+
+The per-example gradients are exactly Opacus' hooks' (output gradient × input of each
+layer, scaled by the batch length under ``loss_reduction="mean"``), so the update is the
+same as ``hooks`` for ANY loss, including losses that couple examples (DPAF's aggregate
+losses), and not only for a mean of per-example losses as the two-pass ghost mode
+requires. ``tests/unit/test_fastclip.py`` compares both against per-example autograd.
+
+Not supported (a clear error at wrap time or at backward): a layer called twice before one
+backward (tied weights), a layer output changed in place after its forward, layers with
+parameters and no per-example rule.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from opacus.grad_sample import GradSampleModule
+from torch import nn
+
+Norms = Literal["mixed", "ghost", "per_example"]
+_CHUNK = 32  # examples unfolded at a time
+
+
+def _conv_ok(m: nn.Module) -> bool:
+    return (type(m) is nn.Conv2d and m.groups == 1 and m.padding_mode == "zeros"
+            and not isinstance(m.padding, str))
+
+
+def _rule(m: nn.Module) -> str | None:
+    if _conv_ok(m):
+        return "conv2d"
+    if type(m) is nn.Linear:
+        return "linear"
+    if type(m) in GradSampleModule.GRAD_SAMPLERS:
+        return "opacus"
+    return None
+
+
+class BookKeepingModule(nn.Module):
+    """Wraps ``module`` for clipped per-example gradient sums (see the module docstring).
+
+    Use: ``out = bk(x)``; ``bk.backward(loss)`` (a scalar: the mean of per-example
+    losses, or any loss with ``loss_reduction="mean"`` semantics as Opacus' hooks; a
+    vector is taken as per-example losses and averaged); then the DP optimizer's step.
+    ``per_sample_norms`` holds the last batch's norms (diagnostics only: not private)."""
+
+    def __init__(self, module: nn.Module, *, max_grad_norm: float, loss_reduction: str = "mean",
+                 norms: Norms = "mixed"):
+        super().__init__()
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError("loss_reduction must be 'mean' or 'sum'")
+        if norms not in ("mixed", "ghost", "per_example"):
+            raise ValueError("norms must be 'mixed', 'ghost' or 'per_example'")
+        self._module = module
+        self.max_grad_norm = float(max_grad_norm)
+        self.loss_reduction = loss_reduction
+        self.norms = norms
+        self.hooks_enabled = True
+        self.per_sample_norms: torch.Tensor | None = None
+        self.layer_rules: dict[str, str] = {}  # layer name -> rule used at the last backward
+        self._records: list[tuple[str, nn.Module, torch.Tensor, torch.Tensor, int]] = []
+        self._handles = []
+        for name, m in module.named_modules():
+            if not any(True for _ in m.parameters(recurse=False)):
+                continue
+            if _rule(m) is None:
+                raise ValueError(f"grad_sample_mode 'bk' has no per-example rule for layer '{name}' "
+                                 f"({type(m).__name__}); use 'hooks'")
+            self._handles.append(m.register_forward_hook(self._capture(name)))
+
+    # ------------------------------------------------------------------ plumbing
+
+    def forward(self, *args, **kwargs):
+        return self._module(*args, **kwargs)
+
+    def disable_hooks(self) -> None:
+        self.hooks_enabled = False
+
+    def enable_hooks(self) -> None:
+        self.hooks_enabled = True
+
+    def _close(self) -> None:  # the name Opacus' grad-sample modules use
+        for h in self._handles:
+            h.remove()
+        self._handles, self._records = [], []
+
+    def _capture(self, name: str):
+        def hook(m, inputs, output):
+            if not (self.hooks_enabled and torch.is_grad_enabled() and m.training):
+                return
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return
+            if not any(p.requires_grad for p in m.parameters(recurse=False)):
+                return
+            self._records.append((name, m, inputs[0].detach(), output, output._version))
+        return hook
+
+    # ------------------------------------------------------------------ the step
+
+    def backward(self, loss: torch.Tensor, also: tuple[torch.Tensor, ...] | list = ()) -> None:
+        """Set every trainable parameter's ``.grad`` (accumulated if already set) to
+        ``Σᵢ clip(gᵢ, C)`` for the examples of the forward passes since the last call.
+        ``also``: other leaf tensors that get the ordinary gradient of ``loss`` in the same
+        pass (non-private parts trained on the same loss, e.g. DPAF's paper mode)."""
+        records, self._records = self._records, []
+        if not records:
+            raise RuntimeError("bk backward: no forward pass with gradients was recorded")
+        names = [r[0] for r in records]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise NotImplementedError(f"bk backward: layer(s) {twice} were called more than once before "
+                                      "backward (tied weights or two forwards); use 'hooks'")
+        for name, _, _, out, version in records:
+            if out._version != version:
+                raise RuntimeError(f"bk backward: the output of layer '{name}' was modified in place")
+        if loss.dim() > 0:
+            loss = loss.mean() if self.loss_reduction == "mean" else loss.sum()
+        also = list(also)
+        grads = torch.autograd.grad(loss, [r[3] for r in records] + also, allow_unused=True)
+        backprops = grads[:len(records)]
+        for t, gt in zip(also, grads[len(records):]):
+            if gt is not None:
+                t.grad = gt if t.grad is None else t.grad + gt
+
+        n = records[0][2].shape[0]
+        sq = None
+        finishers = []
+        for (name, m, a, out, _), g in zip(records, backprops):
+            if a.shape[0] != n:
+                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {n}")
+            g = torch.zeros_like(out) if g is None else g.detach()
+            if self.loss_reduction == "mean":
+                g = g * n  # Opacus' scaling: the gradient of example i's own loss
+            rule = _rule(m)
+            if rule == "conv2d":
+                layer_sq, finish, rule = self._conv2d(m, a, g)
+            elif rule == "linear":
+                layer_sq, finish, rule = self._linear(m, a, g)
+            else:
+                layer_sq, finish = self._opacus(m, a, g)
+            self.layer_rules[name] = rule
+            sq = layer_sq if sq is None else sq + layer_sq
+            finishers.append(finish)
+
+        norms = sq.clamp(min=0).sqrt()
+        self.per_sample_norms = norms
+        coef = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        for finish in finishers:
+            for p, grad in finish(coef):
+                p.grad = grad if p.grad is None else p.grad + grad
+        for p in self._module.parameters():  # unused in this forward: a zero per-example gradient
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def zero_contribution(self) -> None:
+        """An empty (Poisson) batch: every clipped sum is 0; the step then adds pure noise."""
+        self._records = []
+        for p in self._module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    # ------------------------------------------------------------------ per layer
+
+    def _ghost(self, T: int, d: int, p: int) -> bool:
+        if self.norms == "mixed":
+            return T * (d + p) < d * p
+        return self.norms == "ghost"
+
+    def _conv2d(self, m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
+        n = a.shape[0]
+        a = a.to(g.dtype)
+        G = g.flatten(2)  # n, p, T
+        w, b = m.weight, m.bias
+        want_w, want_b = w.requires_grad, b is not None and b.requires_grad
+        sq = torch.zeros(n, device=g.device, dtype=g.dtype)
+        d = w[0].numel()
+        ghost = self._ghost(G.shape[2], d, G.shape[1])
+        W = None
+        if want_w:
+            # unfold (im2col) a few examples at a time: the unfolded chunk stays in cache
+            # and memory stays O(chunk) instead of n·d·T (measured: benchmarks/README.md)
+            parts = []
+            for i in range(0, n, _CHUNK):
+                A = F.unfold(a[i:i + _CHUNK], m.kernel_size, dilation=m.dilation, padding=m.padding,
+                             stride=m.stride)  # c, d, T
+                Gc = G[i:i + _CHUNK]
+                if ghost:
+                    parts.append((torch.bmm(A.transpose(1, 2), A) * torch.bmm(Gc.transpose(1, 2), Gc)).sum((1, 2)))
+                else:
+                    parts.append(torch.bmm(Gc, A.transpose(1, 2)))  # c, p, d: per-example gradients
+            if ghost:
+                sq = sq + torch.cat(parts)
+            else:
+                W = torch.cat(parts)
+                sq = sq + W.pow(2).sum((1, 2))
+        if want_b:
+            gb = G.sum(2)  # n, p
+            sq = sq + gb.pow(2).sum(1)
+
+        def finish(coef):
+            out = []
+            if want_w:
+                if W is not None:
+                    gw = torch.einsum("n,npd->pd", coef, W).view_as(w)
+                else:  # the native weight-gradient kernel on the rescaled output gradients
+                    gw = torch.ops.aten.convolution_backward(
+                        g * coef.view(-1, 1, 1, 1), a, w, None, m.stride, m.padding, m.dilation, False,
+                        [0, 0], m.groups, [False, True, False])[1]
+                out.append((w, gw))
+            if want_b:
+                out.append((b, coef @ gb))
+            return out
+
+        return sq, finish, ("conv2d ghost" if ghost and want_w else "conv2d per-example")
+
+    def _linear(self, m: nn.Linear, a: torch.Tensor, g: torch.Tensor):
+        n = a.shape[0]
+        A = a.to(g.dtype).reshape(n, -1, a.shape[-1])  # n, T, d
+        G = g.reshape(n, -1, g.shape[-1])  # n, T, p
+        w, b = m.weight, m.bias
+        want_w, want_b = w.requires_grad, b is not None and b.requires_grad
+        sq = torch.zeros(n, device=g.device, dtype=g.dtype)
+        T = A.shape[1]
+        ghost = T == 1 or self._ghost(T, A.shape[2], G.shape[2])
+        if want_w:
+            if T == 1:  # ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖ ‖aᵢ‖ exactly
+                sq = sq + A.pow(2).sum((1, 2)) * G.pow(2).sum((1, 2))
+            elif ghost:
+                sq = sq + (torch.bmm(A, A.transpose(1, 2)) * torch.bmm(G, G.transpose(1, 2))).sum((1, 2))
+            else:
+                sq = sq + torch.bmm(G.transpose(1, 2), A).pow(2).sum((1, 2))
+        if want_b:
+            gb = G.sum(1)
+            sq = sq + gb.pow(2).sum(1)
+
+        def finish(coef):
+            out = []
+            if want_w:
+                Gc = G * coef.view(-1, 1, 1)
+                out.append((w, Gc.reshape(-1, G.shape[2]).t() @ A.reshape(-1, A.shape[2])))
+            if want_b:
+                out.append((b, coef @ gb))
+            return out
+
+        return sq, finish, ("linear ghost" if ghost else "linear per-example")
+
+    def _opacus(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor):
+        grads = {p: gs for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items() if p.requires_grad}
+        n = a.shape[0]
+        sq = torch.zeros(n, device=g.device, dtype=g.dtype)
+        for gs in grads.values():
+            sq = sq + gs.reshape(n, -1).pow(2).sum(1)
+
+        def finish(coef):
+            return [(p, torch.einsum("n,n...->...", coef, gs)) for p, gs in grads.items()]
+
+        return sq, finish

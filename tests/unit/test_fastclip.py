@@ -1,0 +1,207 @@
+"""Every grad-sample mode gives the DPSGD update of the math: (Σ clip(g_i, C) + N(0, σ²C²)) / B_e,
+with g_i example i's own gradient computed by a per-example autograd loop; book-keeping
+(``bk``) also for losses that couple examples, where it must equal Opacus' hooks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpgen_bench.nets.dcgan import ConditionalDiscriminator
+from dpgen_bench.privacy.dpsgd import GRAD_SAMPLE_MODES, empty_batch, make_private, private_backward
+from dpgen_bench.privacy.fastclip import BookKeepingModule
+from fake_context import PartContext
+
+MODES = [m for m in GRAD_SAMPLE_MODES if m != "ew"]  # ew: Opacus' Expanded Weights cannot run these nets
+
+
+def _batch(shape, n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, *shape, generator=g) * 2 - 1
+    y = torch.randint(0, 10, (n,), generator=g)
+    t = (torch.arange(n) % 2).float()
+    return x, y, t
+
+
+def _expected_update(D, x, y, t, C, ebs):
+    """Per-example autograd loop: clip each example's gradient to C, sum, divide by B_e."""
+    grads = []
+    for i in range(len(x)):
+        D.zero_grad()
+        F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), t[i:i + 1]).backward()
+        grads.append([p.grad.detach().clone() for p in D.parameters()])
+    norms = torch.stack([torch.sqrt(sum((g ** 2).sum() for g in gs)) for gs in grads])
+    coef = (C / (norms + 1e-6)).clamp(max=1.0)
+    D.zero_grad()
+    return [sum(c * gs[k] for c, gs in zip(coef, grads)) / ebs for k in range(len(grads[0]))], norms
+
+
+def _dp_update(D, x, y, t, C, ebs, mode, sigma=0.0, gen=None):
+    opt = torch.optim.SGD(D.parameters(), lr=0.0)
+    gsm, dp_opt = make_private(D, opt, ctx=PartContext(sigma), part="d", max_grad_norm=C, expected_batch_size=ebs,
+                               grad_sample_mode=mode, noise_generator=gen)
+    dp_opt.zero_grad(set_to_none=True)
+    private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x, y), t, reduction="none"))
+    dp_opt.step()
+    return [p.grad.detach().clone() for p in D.parameters()], gsm
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 16), (1, 28, 28), (3, 32, 32)])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_is_the_per_example_clipped_mean(mode, shape):
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator(shape, 10, width=8)
+    x, y, t = _batch(shape)
+    ref = ConditionalDiscriminator(shape, 10, width=8)
+    ref.load_state_dict(D.state_dict())
+    _, norms = _expected_update(ref, x, y, t, 1.0, 1)
+    C = norms.median().item()  # half the examples clipped, half not
+    expected, _ = _expected_update(ref, x, y, t, C, 16)
+    got, _ = _dp_update(D, x, y, t, C, 16, mode)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
+def test_bk_norms_are_exact_per_layer_rule(norms):
+    torch.manual_seed(1)
+    D = ConditionalDiscriminator((1, 28, 28), 10, width=16)
+    x, y, t = _batch((1, 28, 28), n=6, seed=2)
+    ref = ConditionalDiscriminator((1, 28, 28), 10, width=16)
+    ref.load_state_dict(D.state_dict())
+    _, expected = _expected_update(ref, x, y, t, 1.0, 1)
+    bk = BookKeepingModule(D, max_grad_norm=1.0, norms=norms)
+    bk.backward(F.binary_cross_entropy_with_logits(bk(x, y), t, reduction="none"))
+    torch.testing.assert_close(bk.per_sample_norms, expected, rtol=1e-4, atol=1e-7)
+    rules = set(bk.layer_rules.values())
+    if norms == "mixed":  # at 28×28, width 16: per-example on the wide first layers, ghost deeper
+        assert rules == {"conv2d ghost", "conv2d per-example"}, bk.layer_rules
+    else:
+        assert rules == {"conv2d ghost" if norms == "ghost" else "conv2d per-example"}
+
+
+class _Mixed(nn.Module):
+    """Layers of every rule: conv, linear on vectors and on sequences, embedding, layer norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, 1, 1)
+        self.embed = nn.Embedding(10, 6)
+        self.seq = nn.Linear(6, 5)
+        self.norm = nn.LayerNorm(5)
+        self.fc = nn.Linear(4 * 4 * 4 + 5, 1)
+
+    def forward(self, x, y):
+        h = F.relu(self.conv(x)).flatten(1)
+        s = self.norm(self.seq(self.embed(torch.stack([y, (y + 1) % 10, (y + 3) % 10], 1)))).mean(1)
+        return self.fc(torch.cat([h, s], 1)).flatten()
+
+
+def test_bk_is_exact_for_linear_sequences_embeddings_and_norms():
+    torch.manual_seed(0)
+    net, ref = _Mixed(), _Mixed()
+    ref.load_state_dict(net.state_dict())
+    x, y = torch.randn(7, 2, 4, 4), torch.randint(0, 10, (7,))
+    t = (torch.arange(7) % 2).float()
+    grads = []
+    for i in range(7):
+        ref.zero_grad()
+        F.binary_cross_entropy_with_logits(ref(x[i:i + 1], y[i:i + 1]), t[i:i + 1]).backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    norms = torch.stack([torch.sqrt(sum((g ** 2).sum() for g in gs)) for gs in grads])
+    C = norms.median().item()
+    coef = (C / (norms + 1e-6)).clamp(max=1.0)
+    bk = BookKeepingModule(net, max_grad_norm=C)
+    bk.backward(F.binary_cross_entropy_with_logits(bk(x, y), t, reduction="none"))
+    torch.testing.assert_close(bk.per_sample_norms, norms, rtol=1e-4, atol=1e-7)
+    for p, k in zip(net.parameters(), range(len(grads[0]))):
+        torch.testing.assert_close(p.grad, sum(c * gs[k] for c, gs in zip(coef, grads)), rtol=1e-4, atol=1e-7)
+    assert bk.layer_rules["seq"].startswith("linear") and bk.layer_rules["embed"] == "opacus"
+
+
+def test_bk_equals_hooks_on_a_loss_that_couples_examples():
+    """DPAF's aggregate losses are not sums of per-example losses; Opacus defines example i's
+    gradient as its output gradient × its input per layer, and bk must give that update."""
+    shape = (1, 16, 16)
+    x, y, _ = _batch(shape, n=8)
+
+    def coupled(D):
+        logits = D(x, y)
+        return F.binary_cross_entropy_with_logits(torch.stack([logits[:4].mean(), logits[4:].mean()]),
+                                                  torch.tensor([1.0, 0.0]))
+
+    updates = {}
+    for mode in ("hooks", "bk"):
+        torch.manual_seed(0)
+        D = ConditionalDiscriminator(shape, 10, width=8)
+        opt = torch.optim.SGD(D.parameters(), lr=0.0)
+        gsm, dp_opt = make_private(D, opt, ctx=PartContext(0.0), part="d", max_grad_norm=0.01, expected_batch_size=8,
+                                   grad_sample_mode=mode)
+        private_backward(gsm, dp_opt, coupled(gsm))
+        dp_opt.step()
+        updates[mode] = [p.grad.clone() for p in D.parameters()]
+    for a, b in zip(updates["hooks"], updates["bk"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_noise_std_is_sigma_C_over_expected_batch_size(mode):
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=48)
+    sigma, C, ebs = 1.3, 0.7, 64
+    x, y, t = _batch((1, 16, 16))
+    opt = torch.optim.SGD(D.parameters(), lr=0.0)
+    ctx = PartContext(sigma)
+    gsm, dp_opt = make_private(D, opt, ctx=ctx, part="d", max_grad_norm=C, expected_batch_size=ebs,
+                               grad_sample_mode=mode, noise_generator=torch.Generator().manual_seed(5))
+    private_backward(gsm, dp_opt, 0.0 * F.binary_cross_entropy_with_logits(gsm(x, y), t, reduction="none"))
+    dp_opt.step()
+    noise = torch.cat([p.grad.flatten() for p in D.parameters()])
+    assert noise.std().item() == pytest.approx(sigma * C / ebs, rel=0.01)
+    assert ctx.spent == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_empty_batch_takes_a_pure_noise_step(mode):
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+    opt = torch.optim.SGD(D.parameters(), lr=0.0)
+    ctx = PartContext(1.0)
+    gsm, dp_opt = make_private(D, opt, ctx=ctx, part="d", max_grad_norm=1.0, expected_batch_size=8,
+                               grad_sample_mode=mode, noise_generator=torch.Generator().manual_seed(5))
+    empty_batch(gsm)
+    dp_opt.step()
+    noise = torch.cat([p.grad.flatten() for p in D.parameters()])
+    assert ctx.spent == 1 and noise.std().item() == pytest.approx(1.0 / 8, rel=0.05)
+
+
+def test_bk_refuses_what_it_cannot_do_exactly():
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.w
+
+    with pytest.raises(ValueError, match="no per-example rule"):
+        BookKeepingModule(nn.Sequential(nn.Linear(3, 3), Own()), max_grad_norm=1.0)
+    lin = nn.Linear(3, 3)
+    bk = BookKeepingModule(lin, max_grad_norm=1.0)
+    with pytest.raises(NotImplementedError, match="more than once"):
+        bk.backward(bk(bk(torch.randn(4, 3))).sum())
+    out = bk(torch.randn(4, 3))
+    out.mul_(2)
+    with pytest.raises(RuntimeError, match="in place"):
+        bk.backward(out.sum())
+    with pytest.raises(RuntimeError, match="no forward"):
+        bk.backward(torch.zeros((), requires_grad=True))
+
+
+def test_ghost_needs_per_example_losses():
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+    gsm, dp_opt = make_private(D, torch.optim.SGD(D.parameters(), lr=0.0), ctx=PartContext(0.0), part="d",
+                               max_grad_norm=1.0, expected_batch_size=8, grad_sample_mode="ghost")
+    x, y, t = _batch((1, 16, 16))
+    with pytest.raises(ValueError, match="per-example losses"):
+        private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x, y), t))
