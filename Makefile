@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch-fidelity imports torchvision.
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test test-all clean bench-dp claims
+.PHONY: install demo test test-all clean bench-dp bench-scaling claims
 
 install: $(STAMP)
 
@@ -37,7 +37,11 @@ test-all: install
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 bench-dp: install
-	$(BIN)/python benchmarks/dp_step.py
+	$(BIN)/python benchmarks/dp_step.py --threads 1
+
+# step time and peak memory of every private part against batch size and width (~16 min)
+bench-scaling: install
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/scaling.py --threads 1 --max-seconds 150 --figure benchmarks/scaling.png
 
 clean:
 	rm -rf $(VENV) results/runs

@@ -1,7 +1,7 @@
 """DPGAN discriminator step: non-private vs DPSGD in every grad-sample mode, at the quick
 (digits) and paper (MNIST) widths.
 
-    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N] [--json]
+    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N] [--json] [--config quick|paper]
 
 One process, same batch, same networks; every configuration is built and warmed up, then
 the modes are timed round-robin (one step of each mode per round, ``--repeats`` rounds,
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    ap.add_argument("--config", choices=["quick", "paper"], default=None, help="only this width (default: both)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,6 +129,8 @@ def main() -> None:
         print("| config | mode | step (ms) | ratio to non-private |")
         print("|---|---|---|---|")
     for name, (shape, width, batch) in CONFIGS.items():
+        if args.config and not name.startswith(args.config):
+            continue
         res = bench_config(shape, width, batch, args.repeats, device)
         base = res["non-private"]
         for mode, t in res.items():
