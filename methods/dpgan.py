@@ -18,9 +18,10 @@ Per-example clipping (``grad_sample_mode``, default ``bk``): book-keeping with m
 norms (``dpgen_bench/privacy/fastclip.py``): one backward pass, no per-example gradient
 materialised for the wide layers, the same update as Opacus' per-example hooks
 (``tests/unit/test_fastclip.py``). Measured D step against the same non-private step, one
-CPU thread (``make bench-dp``): 1.3× at the paper width (MNIST, d = 128, B = 128) and 1.8×
-at the quick width, against 5.7× and 3.1× for Opacus' ``hooks`` (the default until
-2026-11) and 9.2× / 4.6× for Opacus' ``ghost`` (it has no ghost norm for convolutions).
+CPU thread (``make bench-dp``, benchmarks/README.md): 1.18–1.35× at the paper width (MNIST,
+d = 128, B = 128) and 1.8× at the quick width, against 4.3–5.7× and 3.6× for Opacus'
+``hooks`` (the default until 2026-11) and 6.3× / 3.4× for Opacus' ``ghost`` (it has no
+ghost norm for convolutions, so it still builds every conv's per-example gradient).
 
 Budget: either the preset fixes the number of D steps T and σ is calibrated from the
 target (``steps=...``), or it fixes σ and T is the largest number of steps the target
@@ -36,7 +37,10 @@ Departures from the paper:
   uniform over classes, as in their code.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
   grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
-  about 100 s on 2 cores; ``paper`` presets use the paper's.
+  about 50 s on one core; ``paper`` presets use the paper's. The ``long`` preset (digits:
+  T = 6,000 and the paper's β = 0.99) is where adaptive n_D works at N = 1,437
+  (benchmarks/n_d.md): the quick preset's short EMA escalates n_D during D's untrained
+  first steps.
 """
 
 from __future__ import annotations
@@ -161,6 +165,17 @@ class DPGAN(Method):
             # benchmarks/presets.md).
             "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
+        },
+        "long": {
+            # Where the paper's adaptive n_D shows on digits (benchmarks/n_d.md, chosen on the
+            # validation part): the quick networks with 4× the D steps (T = 6,000, σ
+            # recalibrated) and the paper's EMA (β = 0.99, grace 2/(1−β) = 200 G steps). With
+            # --n-d adaptive: 0.73 ± 0.04 gen2real CNN (val, 3 seeds), above every fixed n_D at
+            # this T (best n_D = 5: 0.55) and n_D = 1 at the quick preset's T (0.65). The quick
+            # preset's β = 0.95 (grace 40) escalates n_D during D's first, untrained steps and
+            # never comes back (0.25 at T = 6,000). About 3 minutes on one core.
+            "digits": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
+                           lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.99, samples_per_class=100),
         },
         "tiny": {  # tests only: seconds
             "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
