@@ -88,17 +88,20 @@ def make_step(shape, width, batch, mode: str, device):
     return step
 
 
-def bench_config(shape, width, batch, repeats: int, device, modes=MODES, warmup: int = 3) -> dict[str, float | str]:
-    """Median seconds per step of each mode (or the error a mode raised), timed round-robin."""
+def round_robin(builders: dict, repeats: int, warmup: int = 3) -> dict[str, float | str]:
+    """``builders``: mode -> a function returning that mode's step. Build and warm up each,
+    then time them round-robin (one step of each mode per round); the median seconds per
+    step of each mode, or the error its build or warm-up raised (e.g. a mode Opacus cannot
+    run on the network), in the order of ``builders``."""
     steps: dict = {}
     out: dict[str, float | str] = {}
-    for mode in modes:
+    for mode, build in builders.items():
         try:
-            step = make_step(shape, width, batch, mode, device)
+            step = build()
             for _ in range(warmup):
                 step()
             steps[mode] = step
-        except Exception as e:  # noqa: BLE001 - a mode Opacus cannot run on this net
+        except Exception as e:  # noqa: BLE001 - reported per mode
             out[mode] = f"{type(e).__name__}: {str(e)[:80]}"
     times: dict[str, list[float]] = {m: [] for m in steps}
     for _ in range(repeats):
@@ -108,7 +111,13 @@ def bench_config(shape, width, batch, repeats: int, device, modes=MODES, warmup:
             times[mode].append(time.perf_counter() - t)
     for mode in steps:
         out[mode] = statistics.median(times[mode])
-    return {m: out[m] for m in modes}
+    return {m: out[m] for m in builders}
+
+
+def bench_config(shape, width, batch, repeats: int, device, modes=MODES, warmup: int = 3) -> dict[str, float | str]:
+    """Median seconds per step of each mode (or the error a mode raised), timed round-robin."""
+    builders = {mode: (lambda mode=mode: make_step(shape, width, batch, mode, device)) for mode in modes}
+    return round_robin(builders, repeats, warmup)
 
 
 def main() -> None:

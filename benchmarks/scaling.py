@@ -76,7 +76,6 @@ import math
 import multiprocessing
 import os
 import resource
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -90,7 +89,7 @@ for _p in (str(HERE.parent), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from dp_step import PartContext, make_step  # noqa: E402
+from dp_step import PartContext, make_step, round_robin  # noqa: E402
 
 from dpgen_bench.api import DataInfo, PrivacyPart, Split  # noqa: E402
 from dpgen_bench.config import resolve_hparams  # noqa: E402
@@ -282,15 +281,21 @@ def _setup(method: str, width: str):
 # ------------------------------------------------------------------ worker processes
 
 
-def _rss_mib() -> float:
+def _proc_kib_field(path: str, key: str) -> float | None:
+    """A ``key: N kB`` line of a /proc file, in MiB (None where there is no /proc)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return _maxrss_mib()
+    return None
+
+
+def _rss_mib() -> float:
+    rss = _proc_kib_field("/proc/self/status", "VmRSS")
+    return _maxrss_mib() if rss is None else rss
 
 
 def _maxrss_mib() -> float:
@@ -321,23 +326,10 @@ def _time_worker(spec: dict) -> dict:
     """Build every mode of one configuration, warm each up, time them round-robin."""
     t0 = time.perf_counter()
     part, hp, info, device = _child_setup(spec)
-    steps, errors = {}, {}
-    for mode in spec["modes"]:
-        try:
-            step = part.build(hp, info, spec["batch"], mode, device)
-            for _ in range(spec["warmup"]):
-                step()
-            steps[mode] = step
-        except Exception as e:  # noqa: BLE001 - reported per mode
-            errors[mode] = f"{type(e).__name__}: {str(e)[:120]}"
-    times: dict[str, list[float]] = {m: [] for m in steps}
-    for _ in range(spec["repeats"]):
-        for mode, step in steps.items():
-            t = time.perf_counter()
-            step()
-            times[mode].append(time.perf_counter() - t)
-    return {"times": {m: statistics.median(v) for m, v in times.items()}, "errors": errors,
-            "wall_s": time.perf_counter() - t0}
+    builders = {mode: (lambda mode=mode: part.build(hp, info, spec["batch"], mode, device)) for mode in spec["modes"]}
+    res = round_robin(builders, spec["repeats"], spec["warmup"])
+    return {"times": {m: t for m, t in res.items() if isinstance(t, float)},
+            "errors": {m: t for m, t in res.items() if isinstance(t, str)}, "wall_s": time.perf_counter() - t0}
 
 
 def _mem_worker(spec: dict) -> dict:
@@ -615,14 +607,8 @@ def _list(text: str, kind=str) -> list:
 
 
 def _available_mib() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 16 * 1024.0
+    avail = _proc_kib_field("/proc/meminfo", "MemAvailable")
+    return 16 * 1024.0 if avail is None else avail
 
 
 def parse_args(argv=None):

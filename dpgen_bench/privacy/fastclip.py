@@ -168,14 +168,8 @@ class BookKeepingModule(nn.Module):
             g = torch.zeros_like(out) if g is None else g.detach()
             if self.loss_reduction == "mean":
                 g = g * n  # Opacus' scaling: the gradient of example i's own loss
-            rule = _rule(m)
-            if rule == "conv2d":
-                layer_sq, finish, rule = self._conv2d(m, a, g)
-            elif rule == "linear":
-                layer_sq, finish, rule = self._linear(m, a, g)
-            else:
-                layer_sq, finish = self._opacus(m, a, g)
-            self.layer_rules[name] = rule
+            rule = {"conv2d": self._conv2d, "linear": self._linear, "opacus": self._opacus}[_rule(m)]
+            layer_sq, finish, self.layer_rules[name] = rule(m, a, g)
             sq = layer_sq if sq is None else sq + layer_sq
             finishers.append(finish)
 
@@ -185,13 +179,14 @@ class BookKeepingModule(nn.Module):
         for finish in finishers:
             for p, grad in finish(coef):
                 p.grad = grad if p.grad is None else p.grad + grad
-        for p in self._module.parameters():  # unused in this forward: a zero per-example gradient
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
+        self._zero_missing_grads()  # unused in this forward: a zero per-example gradient
 
     def zero_contribution(self) -> None:
         """An empty (Poisson) batch: every clipped sum is 0; the step then adds pure noise."""
         self._records = []
+        self._zero_missing_grads()
+
+    def _zero_missing_grads(self) -> None:
         for p in self._module.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -291,4 +286,4 @@ class BookKeepingModule(nn.Module):
         def finish(coef):
             return [(p, torch.einsum("n,n...->...", coef, gs)) for p, gs in grads.items()]
 
-        return sq, finish
+        return sq, finish, "opacus"

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from fake_context import FakeContext
+from spies import recording
 from scipy.optimize import linear_sum_assignment
 
 from dpgen_bench.api import Budget, DataInfo, Split
@@ -164,14 +165,7 @@ def test_one_real_record_moves_every_row_but_the_clipped_matrix_at_most_2C():
 # ------------------------------------------------------------------ one training step
 
 
-class _Spy(BatchGradientSanitizer):
-    """Keeps what the hook received and returned."""
-
-    def __call__(self, grad):
-        self.received = grad.detach().clone()
-        out = super().__call__(grad)
-        self.returned = out.detach().clone()
-        return out
+_Spy = recording(BatchGradientSanitizer)  # keeps what the hook received and returned
 
 
 def _data(n=30, seed=0):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fake_context import FakeContext
+from spies import recording
 
 from dpgen_bench.api import Budget, DataInfo, PrivacyPart, Split
 from dpgen_bench.errors import UserError
@@ -35,14 +36,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-class _Spy(GradientSanitizer):
-    """Keeps what the hook received and returned."""
-
-    def __call__(self, grad):
-        self.received = grad.detach().clone()
-        out = super().__call__(grad)
-        self.returned = out.detach().clone()
-        return out
+_Spy = recording(GradientSanitizer)  # keeps what the hook received and returned
 
 
 # ------------------------------------------------------------------ the sanitiser
