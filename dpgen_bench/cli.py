@@ -255,7 +255,7 @@ def list_(what):
         if what == "methods":
             click.echo(f"{name}\t{'private' if obj.private else 'non-private'}\t{_first_line(obj)}")
         elif what == "datasets":
-            click.echo(f"{name}\t{_first_line(obj)}")
+            click.echo(f"{name}\t{_first_line(obj) or _dataset_summary(name, obj)}")
         elif what == "evaluators":
             ideal = getattr(obj, "ideal", None)
             direction = (f"{ideal:g} is ideal" if ideal is not None else
@@ -265,6 +265,18 @@ def list_(what):
             for preset in list(obj.presets) or [DEFAULTS_PRESET]:  # ``defaults``: every method has it
                 note = f"\t{TEST_PRESET_NOTE}" if preset == TEST_PRESET else ""
                 click.echo(f"{name}\t{preset}\t{', '.join(sorted(obj.presets.get(preset, ['*'])))}{note}")
+
+
+def _dataset_summary(name: str, loader) -> str:
+    """For a dataset loader without a docstring: its name and sizes, from loading it once
+    (a plugin's own description when it gives one)."""
+    try:
+        data = loader()
+    except UserError as e:
+        return f"{name} (no description; it cannot be loaded here: {e})"
+    c, h, w = data.image_shape
+    sizes = (f"{len(data.train)} train / {len(data.test)} test, {c}x{h}x{w}, {data.num_classes} classes")
+    return f"{data.description} ({sizes})" if data.description else f"{name}: {sizes}"
 
 
 def _first_line(obj) -> str:

@@ -92,8 +92,19 @@ def preset_overrides(method_cls: type, preset: str, dataset: str) -> dict[str, A
         return dict(per_dataset[dataset])
     if "*" in per_dataset:
         return dict(per_dataset["*"])
-    have = ", ".join(sorted(per_dataset))
-    raise UserError(f"preset '{preset}' of method '{method_cls.name}' has no settings for dataset '{dataset}' (has: {have})")
+    raise UserError(no_preset_message(method_cls, preset, dataset))
+
+
+def no_preset_message(method_cls: type, preset: str, dataset: str) -> str:
+    """One line for a preset without settings for ``dataset``: the datasets it has, the
+    presets that do apply, and ``--preset defaults`` (every method has it)."""
+    presets = getattr(method_cls, "presets", {})
+    have = ", ".join(sorted(presets.get(preset, {})))
+    usable = [p for p, per in presets.items() if dataset in per or "*" in per]
+    also = f"; presets of '{method_cls.name}' that do: {', '.join(usable)}" if usable else ""
+    return (f"preset '{preset}' of method '{method_cls.name}' has no settings for dataset '{dataset}' (has: {have})"
+            f"{also}; --preset {DEFAULTS_PRESET} runs the method's own defaults on any dataset (bench list presets; "
+            "--set KEY=VALUE overrides one)")
 
 
 def hparam_fields(hparams_cls: type) -> dict[str, Any]:
@@ -101,8 +112,9 @@ def hparam_fields(hparams_cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(hparams_cls)}
 
 
-def coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Convert ``value`` (a string from ``--set`` or a JSON value) to the field's type."""
+def coerce(key: str, value: Any, annotation: Any, source: str = "--set") -> Any:
+    """Convert ``value`` (a string from ``--set`` or a JSON value) to the field's type;
+    errors name the setting as ``<source> <key>`` (``--set``, ``--config FILE``, a preset)."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -111,46 +123,46 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
                 return None
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
-            return coerce(key, value, options[0])
+            return coerce(key, value, options[0], source)
         for a in options:
             try:
-                return coerce(key, value, a)
+                return coerce(key, value, a, source)
             except UserError:
                 pass
         names = " or ".join(_type_name(a) for a in options)
-        raise UserError(f"--set {key}: expected {names}, got {value!r}")
+        raise UserError(f"{source} {key}: expected {names}, got {value!r}")
     if origin is typing.Literal:
         if value in args:
             return value
-        raise UserError(f"--set {key}: {value!r} is not one of {list(args)}{suggest(str(value), [str(a) for a in args])}")
+        raise UserError(f"{source} {key}: {value!r} is not one of {list(args)}{suggest(str(value), [str(a) for a in args])}")
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         inner = args[0] if args else str
-        return tuple(coerce(key, v, inner) for v in value)
+        return tuple(coerce(key, v, inner, source) for v in value)
     if annotation is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
-        raise UserError(f"--set {key}: expected true/false, got {value!r}")
+        raise UserError(f"{source} {key}: expected true/false, got {value!r}")
     if annotation is int:
         if isinstance(value, bool):
-            raise UserError(f"--set {key}: expected an integer, got {value!r}")
+            raise UserError(f"{source} {key}: expected an integer, got {value!r}")
         try:
             f = float(value)
         except (TypeError, ValueError):
-            raise UserError(f"--set {key}: expected an integer, got {value!r}") from None
+            raise UserError(f"{source} {key}: expected an integer, got {value!r}") from None
         if not f.is_integer():
-            raise UserError(f"--set {key}: expected an integer, got {value!r}")
+            raise UserError(f"{source} {key}: expected an integer, got {value!r}")
         return int(f)
     if annotation is float:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise UserError(f"--set {key}: expected a number, got {value!r}") from None
+            raise UserError(f"{source} {key}: expected a number, got {value!r}") from None
         if not math.isfinite(number):
-            raise UserError(f"--set {key}: expected a finite number, got {value!r}")
+            raise UserError(f"{source} {key}: expected a finite number, got {value!r}")
         return number
     if annotation is str:
         return str(value)
@@ -163,16 +175,24 @@ def _type_name(a: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(a, str(a))
 
 
-def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict[str, Any]):
-    """Defaults < preset < overrides; unknown keys and wrong types are user errors."""
+def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict[str, Any],
+                    sources: dict[str, str] | None = None):
+    """Defaults < preset < overrides; unknown keys and wrong types are user errors that
+    name where the setting came from (``sources``: key -> ``--set`` / ``--config FILE`` /
+    ``hparams``; default ``--set``)."""
     fields = hparam_fields(method_cls.Hparams)
     values = preset_overrides(method_cls, preset, dataset)
     run_level = {k: values.pop(k) for k in list(values) if k in RUN_KEYS}
+    where = {k: f"preset '{preset}'" for k in values}
     for key, value in overrides.items():
+        source = (sources or {}).get(key, "--set")
         if key not in fields:
-            raise UserError(f"--set: '{method_cls.name}' has no setting '{key}'{suggest(key, list(fields))}")
+            hint = (" (a run key: put it at the top level of the file)" if key in FILE_KEYS and source != "--set"
+                    else suggest(key, list(fields)))
+            raise UserError(f"{source}: '{method_cls.name}' has no setting '{key}'{hint}")
         values[key] = value
-    coerced = {k: coerce(k, v, fields[k]) for k, v in values.items()}
+        where[key] = source
+    coerced = {k: coerce(k, v, fields[k], where[k]) for k, v in values.items()}
     try:
         hp = method_cls.Hparams(**coerced)
     except (TypeError, ValueError) as e:
@@ -269,9 +289,12 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
     settings, ``sets`` last. ``epsilon`` None: required for a private method, ∞ otherwise."""
     file_cfg = load_config_file(config_file) if config_file else {}
     file_hp = file_cfg.pop("hparams", {}) or {}
+    if not isinstance(file_hp, dict):
+        raise UserError(f"config file {config_file}: 'hparams' must be a mapping of method settings")
     unknown = set(file_cfg) - FILE_KEYS
     if unknown:
-        raise UserError(f"config file: unknown keys {sorted(unknown)}")
+        raise UserError(f"config file {config_file}: unknown keys {sorted(unknown)} (run keys: "
+                        f"{', '.join(sorted(FILE_KEYS))}; method settings go under 'hparams')")
     method = method or file_cfg.get("method")
     if not method:
         raise UserError("--method is required (bench list methods)")
@@ -279,10 +302,14 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
     method_cls = registry.methods.get(method)
     registry.datasets.get(dataset)
     preset = preset or file_cfg.get("preset") or default_preset(method_cls, dataset)
-    overrides = {**file_hp, **(hparams or {}), **parse_set(sets)}
+    set_values = parse_set(sets)
+    overrides = {**file_hp, **(hparams or {}), **set_values}
+    sources = {**{k: f"--config {config_file} (hparams)" for k in file_hp}, **{k: "hparams" for k in hparams or {}},
+               **{k: "--set" for k in set_values}}
     if n_d is not None:
         overrides["n_d"] = parse_n_d(n_d)
-    hp, run_level = resolve_hparams(method_cls, preset, dataset, overrides)
+        sources["n_d"] = "--n-d"
+    hp, run_level = resolve_hparams(method_cls, preset, dataset, overrides, sources)
     if epsilon is None:
         epsilon = file_cfg.get("epsilon", file_cfg.get("eps"))
     if epsilon is None:

@@ -153,6 +153,8 @@ for _attack, _cls in (("full_black_box", "MIAFullBlackBox"), ("partial_black_box
     evaluators.register(f"mia_auc_{_attack}", f"evaluators.mia:{_cls}", higher_is_better=False)
     evaluators.register(f"mia_auc_{_attack}_calibrated", f"evaluators.mia:{_cls}Calibrated", higher_is_better=False)
 datasets.register("digits", "dpgen_bench.data.digits:load_digits_data")
+datasets.register("mnist-5k", "dpgen_bench.data.mnist5k:load_mnist_5k")
+datasets.register("mnist-5k-32", "dpgen_bench.data.mnist5k:load_mnist_5k_32")
 datasets.register("mnist", "dpgen_bench.data.mnist:load_mnist")
 datasets.register("mnist-32", "dpgen_bench.data.mnist:load_mnist_32")
 datasets.register("fashion-mnist", "dpgen_bench.data.mnist:load_fashion_mnist")

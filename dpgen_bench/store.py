@@ -79,6 +79,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on ``path`` (created if needed) for the block: builds
+    of the same cache file by parallel processes are serialised (none on non-POSIX)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: atomic renames still keep it safe
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[io.IOBase]:
     """Write ``path`` atomically through a file object opened with ``mode`` (``"wb"``,
     ``"w"``, ...: a new file); see :func:`atomic_path` for the guarantees."""

@@ -165,6 +165,8 @@ class DPGAN(Method):
             # benchmarks/presets.md).
             "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
+            "mnist-5k": dict(batch_size=64, steps=1000, n_d=1, width=16, g_width=32, latent_dim=32,
+                             lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },
         "long": {
             # Where the paper's adaptive n_D shows on digits (benchmarks/n_d.md, chosen on the

@@ -16,7 +16,8 @@ class GAN(DPGAN):
     name = "gan"
     private = False
     presets = {
-        "quick": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1)},
+        "quick": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1),
+                  "mnist-5k": dict(DPGAN.presets["quick"]["mnist-5k"], n_d=1)},
         "tiny": {"*": dict(DPGAN.presets["tiny"]["*"], n_d=1)},
         # A GAN that memorises a small member set (``--members 64``): the positive control
         # of the GAN-Leaks sanity check. The quick preset's D overpowers G on 64 images

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..store import atomic_open, atomic_path
+from ..store import atomic_open, atomic_path, file_lock
 
 log = logging.getLogger("dpgen_bench")
 
@@ -155,21 +155,6 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: atomic renames still keep it safe
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _sidecar(npy: Path) -> Path:
     return npy.with_suffix(".json")
 
@@ -223,7 +208,7 @@ def cached_array(
     arr, why = _check(npy, fp, shape, dtype)
     if arr is not None:
         return arr, True
-    with _locked(directory / f".{stem}.lock"):
+    with file_lock(directory / f".{stem}.lock"):
         arr, why = _check(npy, fp, shape, dtype)  # built meanwhile by another process?
         if arr is not None:
             return arr, True

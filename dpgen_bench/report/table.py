@@ -248,7 +248,7 @@ def _metrics_order(metrics) -> list[str]:
     return sorted(set(metrics), key=lambda m: (order.index(m) if m in order else len(order), m))
 
 
-def _arrow(metric: str) -> str:
+def arrow(metric: str) -> str:
     if metric.startswith(MIA_PREFIX):
         return f" ({MIA_IDEAL:g} ideal)"
     hib = higher_is_better(metric)
@@ -312,7 +312,7 @@ def layout_a(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
             block = [cells[i] for i, row in enumerate(out_rows) if row[0] == eps]
             _bold_best(block, k, m)
     return Table("metric by dataset and ε", ["ε", "method"], out_rows,
-                 ["ε spent (RDP / PRV)"] + [f"{d} {m}{_arrow(m)}" for d, m in cols], cells, notes)
+                 ["ε spent (RDP / PRV)"] + [f"{d} {m}{arrow(m)}" for d, m in cols], cells, notes)
 
 
 def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
@@ -338,7 +338,7 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
         for k, m in enumerate(metrics, start=2):
             _bold_best(block, k, m)
     title = f"{dataset}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
-    return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + _arrow(m) for m in metrics], cells,
+    return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + arrow(m) for m in metrics], cells,
                  notes)
 
 
@@ -359,7 +359,7 @@ def layout_d(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:
         for m in order:
             if (here["metric"] == m).any():
                 layout.append((d, e, m))
-                columns.append(f"{d} ε={fmt_eps(e)} {m}{_arrow(m)}")
+                columns.append(f"{d} ε={fmt_eps(e)} {m}{arrow(m)}")
     out_rows, cells, notes = [], [], []
     for _, r in rows.iterrows():
         sel = agg[(agg["source"] == r["source"]) & (agg["method"] == r["method"])]
@@ -399,7 +399,7 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
                         if len(hit) else "—")
         out_rows.append((_row_label(r["source"], r["method"]), fmt_eps(r["eps_target"]) + _mark(s, notes)))
         cells.append(line)
-    headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'}, {k if k else 'all'} members{_arrow(m)}"
+    headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'}, {k if k else 'all'} members{arrow(m)}"
                for m, k in cols]
     return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells, notes)
 
@@ -440,7 +440,7 @@ def runs_table(long: pd.DataFrame) -> Table:
         cells.append([fmt_eps(r["eps_target"]), rdp, fmt_eps(r["eps_prv"]), f"{r['delta']:g}"] +
                      [Cell(vals[m], source="ours", n=3) if m in vals else "—" for m in metrics])
     return Table("runs", ["method", "dataset", "preset", "seed"], out_rows,
-                 ["ε target", "ε RDP", "ε PRV", "δ"] + [m + _arrow(m) for m in metrics], cells, notes)
+                 ["ε target", "ε RDP", "ε PRV", "δ"] + [m + arrow(m) for m in metrics], cells, notes)
 
 
 # ------------------------------------------------------------------- renderers

@@ -123,6 +123,9 @@ class DPAF(Method):
             "digits": dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8,
                            n_critic=1, width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100,
                            budget_split="10%,40%,50%", torch_threads=1, samples_per_class=100),
+            "mnist-5k": dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8,
+                             n_critic=1, width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100,
+                             budget_split="10%,40%,50%", torch_threads=1, samples_per_class=100),
         },
         "tiny": {  # tests only: seconds
             "*": dict(layer_config="C2-C1-×", batch_size=16, batches=40, classifier_batches=10, mu=4, n_critic=2,

@@ -13,6 +13,16 @@ CASES = [
     (["run", "--method", "dpgan", "--dataset", "digitz", "--eps", "1"], "did you mean 'digits'"),
     (["run", "--method", "dpgan", "--eps", "1", "--preset", "quik"], "did you mean 'quick'"),
     (["run", "--method", "dpgan", "--dataset", "digits", "--eps", "1", "--preset", "paper"], "no settings for dataset"),
+    # a dataset without a preset: the presets that apply and --preset defaults are named
+    (["run", "--method", "dpgan", "--dataset", "mnist-5k-32", "--eps", "1", "--preset", "paper"],
+     "presets of 'dpgan' that do: tiny; --preset defaults runs the method's own defaults on any dataset"),
+    # a bad setting names where it came from
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "hp.yaml"],
+     "--config hp.yaml (hparams): 'dpgan' has no setting 'stepz' (did you mean 'steps'?)"),
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "hp-type.yaml"],
+     "--config hp-type.yaml (hparams) lr_d: expected a number, got 'fast'"),
+    (["run", "--method", "dpgan", "--eps", "1", "--config", "hp-runkey.yaml"],
+     "'dpgan' has no setting 'seed' (a run key: put it at the top level of the file)"),
     (["run", "--method", "dpgan", "--eps", "0"], "--eps must be > 0"),
     (["run", "--method", "dpgan", "--eps", "-3"], "--eps must be > 0"),
     (["run", "--method", "dpgan", "--eps", "inf"], "--eps must be finite"),
@@ -108,6 +118,9 @@ def test_user_mistake_is_one_line_exit_2(cli_runner, results, args, message):
         pytest.skip("machine has CUDA")
     (results.parent / "bad.yaml").write_text("method: [unclosed\n")
     (results.parent / "keys.yaml").write_text("epsilonn: 1\n")
+    (results.parent / "hp.yaml").write_text("hparams:\n  stepz: 3\n")
+    (results.parent / "hp-type.yaml").write_text("hparams:\n  lr_d: fast\n")
+    (results.parent / "hp-runkey.yaml").write_text("hparams:\n  seed: 3\n")
     half = results.parent / "half"  # a data root with half of MNIST's files and a CelebA folder without labels
     (half / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)
     (half / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"")

