@@ -33,7 +33,7 @@ demo-digits: install
 	    --eval gen2real_cnn,real2gen_cnn --no-report
 	$(BIN)/bench report --layout b --dataset digits --eps 10
 
-# The papers' claims at digits scale: runs what is missing, then writes benchmarks/CLAIMS.md.
+# The papers' claims on digits and mnist-5k: runs what is missing, then writes benchmarks/CLAIMS.md.
 claims: install
 	$(BIN)/python benchmarks/claims.py --run --jobs 2
 

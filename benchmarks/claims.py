@@ -1,18 +1,36 @@
-"""Check the seed papers' claims at digits scale and write ``benchmarks/CLAIMS.md``.
+"""Check the seed papers' claims on each dataset of ``claims.yaml`` and write ``benchmarks/CLAIMS.md``.
 
-    python benchmarks/claims.py [--run] [--jobs N] [--only ID,...] [--results DIR] [--out FILE]
+    python benchmarks/claims.py [--run] [--jobs N] [--dataset D,...] [--only ID,...] [--results DIR] [--out FILE]
 
-Reads ``benchmarks/claims.yaml`` (its header says what an arm and an expectation are).
-``--run`` first runs every cell that has no complete record (``bench sweep``'s machinery:
-deterministic run directories, complete cells skipped, crashed ones run again); without it
-the file is written from the records already there, and an arm without its seeds says so.
-Every number in CLAIMS.md is recomputed from the run records each time.
+Reads ``benchmarks/claims.yaml`` (its header says what an arm and an expectation are). Every
+arm is expanded once per dataset of the file's ``datasets`` (a claim's own ``datasets``
+narrows that); ``--dataset`` limits what is run and rendered to some of them. ``--run`` first
+runs every cell that has no complete record (``bench sweep``'s machinery: deterministic run
+directories, complete cells skipped, crashed ones run again); without it the file is written
+from the records already there, and an arm without its seeds says so. Every number in a
+block rendered this time is recomputed from the run records.
+
+CLAIMS.md holds one block per dataset, between ``<!-- claims:dataset=D -->`` and
+``<!-- /claims:dataset=D -->``: that dataset's sections (arms, numbers, checks, verdict),
+where its runs ran, and when the block was last regenerated. Outside the blocks are the
+header and one summary table with a verdict column per dataset. The block of a dataset not
+rendered this time is copied from the current file verbatim: run records are not in git, so
+the machine rendering mnist-5k may have none of digits', and its numbers must survive. The
+summary is regenerated each time from the blocks themselves, fresh and kept alike, by
+reading each section's ``**Verdict: …**`` line, rather than from the checks in memory: one
+code path for both kinds of block, so the table cannot disagree with the sections below it,
+and a kept block needs no records. (A summary inside each block with only an index outside
+would need no parsing, but would leave no place where a claim's verdicts on the datasets sit
+side by side.) A section the parser does not find, such as a claim added after its block was
+rendered, shows as "—" instead of failing. A file whose markers do not pair up, or one with
+content but no markers when only some datasets are rendered, is refused, not overwritten.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +51,7 @@ from dpgen_bench.report.references import load_references  # noqa: E402
 from dpgen_bench.report.table import higher_is_better  # noqa: E402
 from dpgen_bench.sweep import Cell, expand, run_sweep  # noqa: E402
 
-ARM_ONLY = ("ref",)  # arm keys that are not grid keys
+ARM_ONLY = ("ref", "per_dataset")  # arm keys that are not grid keys
 REPRODUCED, NOT_REPRODUCED, UNTESTABLE, INCONCLUSIVE, MISSING = (
     "reproduced", "not reproduced", "not testable at this scale", "inconclusive", "not run yet")
 
@@ -62,17 +80,51 @@ class Arm:
 
 
 def load_claims(path: Path) -> dict:
+    """The claims file, checked: unique ids, a non-empty ``datasets`` list that every claim's
+    own ``datasets`` lies in, a scale text for each dataset a claim covers, and no ``dataset``
+    in ``defaults`` or an arm (the datasets list decides it, so each arm runs on each)."""
     spec = yaml.safe_load(path.read_text())
     ids = [c["id"] for c in spec["claims"]]
     if len(set(ids)) != len(ids):
         raise UserError(f"{path}: duplicate claim ids")
+    datasets = spec.get("datasets")
+    if not isinstance(datasets, list) or not datasets or len(set(datasets)) != len(datasets):
+        raise UserError(f"{path}: 'datasets' must be a list of distinct dataset names")
+    if "dataset" in spec.get("defaults", {}):
+        raise UserError(f"{path}: 'dataset' belongs in the top-level 'datasets' list, not in 'defaults'")
+    for claim in spec["claims"]:
+        own = claim_datasets(spec, claim)
+        if not own or not set(own) <= set(datasets):
+            raise UserError(f"{path}: claim {claim['id']}: 'datasets' must be some of {datasets}, got {own}")
+        scale = claim.get("scale")
+        if isinstance(scale, dict) and not set(own) <= set(scale):
+            raise UserError(f"{path}: claim {claim['id']}: no scale text for {sorted(set(own) - set(scale))}")
+        for name, arm in claim["arms"].items():
+            if "dataset" in arm or any("dataset" in o for o in (arm.get("per_dataset") or {}).values()):
+                raise UserError(f"{path}: claim {claim['id']}, arm {name!r}: 'dataset' comes from 'datasets'")
     return spec
 
 
-def build_arms(spec: dict, claim: dict) -> dict[str, Arm]:
+def claim_datasets(spec: dict, claim: dict) -> list[str]:
+    """The datasets ``claim`` is checked on: its own list, or the file's."""
+    return list(claim.get("datasets") or spec["datasets"])
+
+
+def scale_text(claim: dict, dataset: str) -> str:
+    scale = claim["scale"]
+    return scale[dataset] if isinstance(scale, dict) else scale
+
+
+def build_arms(spec: dict, claim: dict, dataset: str) -> dict[str, Arm]:
+    """The claim's arms on ``dataset``: each arm's grid on top of ``defaults``, then the arm's
+    ``per_dataset`` entry for this dataset (shallow: a ``set`` there replaces the arm's), with
+    ``dataset`` set last. On a dataset without a ``per_dataset`` entry the grid is exactly
+    ``{**defaults, **arm, dataset}``, so a cell's config, and with it its run directory, do not
+    depend on which other datasets the file lists."""
     arms = {}
     for name, arm in claim["arms"].items():
-        grid = {**spec.get("defaults", {}), **{k: v for k, v in arm.items() if k not in ARM_ONLY}}
+        grid = {**spec.get("defaults", {}), **{k: v for k, v in arm.items() if k not in ARM_ONLY},
+                **(arm.get("per_dataset") or {}).get(dataset, {}), "dataset": dataset}
         arms[name] = Arm(name, expand(grid), ref=arm.get("ref"))
     return arms
 
@@ -194,51 +246,117 @@ def claim_verdict(results: list[tuple[str | None, str]]) -> str:
         NOT_REPRODUCED if NOT_REPRODUCED in tested else INCONCLUSIVE)
 
 
-def render(spec: dict, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]], root: Path,
-           seconds: float | None) -> str:
-    lines = ["# The papers' claims at digits scale", "",
-             "Generated by `python benchmarks/claims.py` (or `make claims`, which first runs what is missing) from "
-             f"`benchmarks/claims.yaml` and the run records under `{spec.get('results', 'results/claims')}`; do not "
-             "edit by hand. Numbers are mean ± std over seeds on the real test split of digits (n shown when fewer "
-             "seeds are complete); a comparison is a one-sided Welch t-test at "
-             f"α = {spec.get('alpha', 0.05)}; an accuracy comparison whose arms are all within "
-             f"{spec.get('chance_margin', 0.05)} of chance is *not testable at this scale*.", ""]
+def anchor(claim_id: str, dataset: str) -> str:
+    return f"{claim_id}-{dataset}"
+
+
+def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],
+                 seconds: float | None) -> str:
+    """One dataset's block (without its markers): where its runs ran, a section per claim, the date."""
+    lines = []
     machines: dict[str, int] = {}
     for arms in arms_by_claim.values():
         for a in arms.values():
             for cell, m in zip(a.cells, a.machines):
                 machines[m] = machines.get(m, 0) + 1
     if machines:
-        lines += ["Where the runs ran (each run's `env.json`; a run shared by several claims counted once per arm): " +
-                  "; ".join(f"{n} on {m}" for m, n in sorted(machines.items())) + ".", ""]
-    summary = ["| claim | source | verdict |", "|---|---|---|"]
-    body = []
+        lines += [f"Where the {dataset} runs ran (each run's `env.json`; a run shared by several claims counted once "
+                  "per arm): " + "; ".join(f"{n} on {m}" for m, n in sorted(machines.items())) + ".", ""]
     for claim in claims:
         arms = arms_by_claim[claim["id"]]
         results = [r for exp in claim["expect"] for r in check(spec, exp, arms)]
         verdict = claim_verdict(results)
-        summary.append(f"| [{claim['title']}](#{claim['id']}) | {claim['source']} | **{verdict}** |")
         metrics = list(dict.fromkeys([e["metric"] for e in claim["expect"]] +
                                      [m for a in arms.values() for m in a.values]))
-        body += [f'<a id="{claim["id"]}"></a>', f"## {claim['title']}", "",
-                 f"- **Source:** {claim['source']}", f"- **The paper:** {claim['paper']}",
-                 f"- **Checked at:** {claim['scale']}", f"- **Verdict: {verdict}**", "",
-                 "| arm | seeds | ε spent (RDP / PRV) | " + " | ".join(metrics) + " |",
-                 "|---|---|---|" + "---|" * len(metrics)]
+        lines += [f'<a id="{anchor(claim["id"], dataset)}"></a>', f"## {claim['title']} ({dataset})", "",
+                  f"- **Source:** {claim['source']}", f"- **The paper:** {claim['paper']}",
+                  f"- **Checked at:** {scale_text(claim, dataset)}", f"- **Verdict: {verdict}**", "",
+                  "| arm | seeds | ε spent (RDP / PRV) | " + " | ".join(metrics) + " |",
+                  "|---|---|---|" + "---|" * len(metrics)]
         for a in arms.values():
             eps = "—"
             if a.eps:
                 rdp, prv = max(e[0] for e in a.eps), max(e[1] for e in a.eps)
                 eps = "∞" if math.isinf(rdp) else f"{rdp:.3g} / {prv:.3g}" if math.isfinite(prv) else f"{rdp:.3g} / n/a"
                 eps += " ‡" if a.caveat else ""
-            body.append(f"| {a.name} | {len(a.eps)}/{len(a.cells)} | {eps} | " +
-                        " | ".join(a.cell_text(m) for m in metrics) + " |")
+            lines.append(f"| {a.name} | {len(a.eps)}/{len(a.cells)} | {eps} | " +
+                         " | ".join(a.cell_text(m) for m in metrics) + " |")
         caveats = sorted({a.caveat for a in arms.values() if a.caveat})
-        body += [""] + [f"‡ {c}" for c in caveats] + ([""] if caveats else [])
-        body += [f"- {v + ': ' if v else ''}{t}" for v, t in results] + [""]
-    tail = [f"_Last regenerated {time.strftime('%Y-%m-%d')}" +
-            (f"; the runs it started took {seconds / 60:.0f} min of wall time" if seconds else "") + "._", ""]
-    return "\n".join(lines + summary + [""] + body + tail)
+        lines += [""] + [f"‡ {c}" for c in caveats] + ([""] if caveats else [])
+        lines += [f"- {v + ': ' if v else ''}{t}" for v, t in results] + [""]
+    lines.append(f"_Last regenerated {time.strftime('%Y-%m-%d')}" +
+                 (f"; the runs it started took {seconds / 60:.0f} min of wall time" if seconds else "") + "._")
+    return "\n".join(lines)
+
+
+_BLOCK = re.compile(r"^<!-- claims:dataset=([^\s>]+) -->\n(.*?)\n<!-- /claims:dataset=\1 -->$", re.S | re.M)
+_MARKER = re.compile(r"^<!-- /?claims:dataset=", re.M)
+
+
+def split_blocks(text: str) -> dict[str, str]:
+    """dataset → its block's text between the markers, exactly as it stands; a file whose
+    markers do not pair up (or that holds one dataset twice) is an error, since the block it
+    cannot read would otherwise be dropped."""
+    blocks: dict[str, str] = {}
+    for m in _BLOCK.finditer(text):
+        if m.group(1) in blocks:
+            raise UserError(f"two blocks for dataset {m.group(1)!r}")
+        blocks[m.group(1)] = m.group(2)
+    if len(_MARKER.findall(text)) != 2 * len(blocks):
+        raise UserError("unpaired <!-- claims:dataset=… --> markers")
+    return blocks
+
+
+def block_verdicts(block: str, dataset: str, claims: list[dict]) -> dict[str, tuple[str, str]]:
+    """claim id → (verdict, anchor) read from a block: the ``**Verdict: …**`` line of the
+    section that starts at the claim's anchor (``<id>-<dataset>``, or ``<id>`` in a block
+    rendered before anchors named their dataset). Claims without a section are left out."""
+    out = {}
+    for claim in claims:
+        for name in (anchor(claim["id"], dataset), claim["id"]):
+            tag = f'<a id="{name}"></a>'
+            if tag not in block:
+                continue
+            section = block.split(tag, 1)[1].split('<a id="', 1)[0]
+            m = re.search(r"^- \*\*Verdict: (.+)\*\*$", section, re.M)
+            if m:
+                out[claim["id"]] = (m.group(1), name)
+            break
+    return out
+
+
+def render(spec: dict, blocks: dict[str, str]) -> str:
+    """The whole file: the header, the summary (read back from ``blocks``), then the blocks in
+    the order of the file's datasets (a kept block of a dataset the file no longer lists last)."""
+    datasets = [d for d in spec["datasets"] if d in blocks] + [d for d in blocks if d not in spec["datasets"]]
+    listed = spec["datasets"] + [d for d in datasets if d not in spec["datasets"]]
+    names = ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
+    lines = [f"# The papers' claims on {names}", "",
+             "Generated by `python benchmarks/claims.py` (or `make claims`, which first runs what is missing) from "
+             f"`benchmarks/claims.yaml` and the run records under `{spec.get('results', 'results/claims')}`; do not "
+             "edit by hand. Each dataset has its own block below, regenerated by `claims.py --dataset D` (the other "
+             "blocks are kept as they are, so each block carries its own date); the table gathers every claim's "
+             "verdict on each. Numbers are mean ± std over seeds on the real test split of the block's dataset "
+             "(n shown when fewer seeds are complete); a comparison is a one-sided Welch t-test at "
+             f"α = {spec.get('alpha', 0.05)}; an accuracy comparison whose arms are all within "
+             f"{spec.get('chance_margin', 0.05)} of chance is *not testable at this scale*.", "",
+             "| claim | source | " + " | ".join(listed) + " |", "|---|---|" + "---|" * len(listed)]
+    verdicts = {d: block_verdicts(blocks[d], d, spec["claims"]) for d in datasets}
+    for claim in spec["claims"]:
+        cells = []
+        for d in listed:
+            if d in spec["datasets"] and d not in claim_datasets(spec, claim):
+                cells.append("not checked on this dataset")
+            elif claim["id"] in verdicts.get(d, {}):
+                verdict, name = verdicts[d][claim["id"]]
+                cells.append(f"[**{verdict}**](#{name})")
+            else:
+                cells.append("—")
+        lines.append(f"| {claim['title']} | {claim['source']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for d in datasets:
+        lines += [f"<!-- claims:dataset={d} -->", blocks[d], f"<!-- /claims:dataset={d} -->", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "CLAIMS.md"))
     ap.add_argument("--run", action="store_true", help="Run the cells without a complete record first.")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--dataset", default=None,
+                    help="Comma-separated datasets to run and render [default: every dataset of the file]; "
+                         "the other datasets' blocks in --out are kept as they are.")
     ap.add_argument("--only", default=None, help="Comma-separated claim ids.")
     args = ap.parse_args(argv)
     setup_logging(False)
@@ -261,22 +382,40 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise UserError(f"unknown claim ids {sorted(unknown)}")
             claims = [c for c in claims if c["id"] in wanted]
-        arms_by_claim = {c["id"]: build_arms(spec, c) for c in claims}
+        datasets = spec["datasets"]
+        if args.dataset:
+            wanted = {d.strip() for d in args.dataset.split(",") if d.strip()}
+            unknown = wanted - set(datasets)
+            if unknown or not wanted:
+                raise UserError(f"unknown datasets {sorted(unknown)} ({Path(args.claims).name} has: "
+                                f"{', '.join(datasets)})")
+            datasets = [d for d in datasets if d in wanted]
+        out = Path(args.out)
+        old = out.read_text() if out.exists() else ""
+        blocks = split_blocks(old)
+        if old.strip() and not blocks and set(datasets) != set(spec["datasets"]):
+            raise UserError(f"{out} has no <!-- claims:dataset=… --> blocks: rendering only {', '.join(datasets)} "
+                            "would drop what it holds (render every dataset, or wrap it in its dataset's block)")
+        arms = {(d, c["id"]): build_arms(spec, c, d) for d in datasets for c in claims if d in claim_datasets(spec, c)}
         seconds = None
         if args.run:
-            cells = {cell.run_name: cell for arms in arms_by_claim.values() for a in arms.values() for cell in a.cells}
+            cells = {cell.run_name: cell for by_name in arms.values() for a in by_name.values() for cell in a.cells}
             t = time.time()
             counts = run_sweep(list(cells.values()), root, jobs=args.jobs)
             seconds = time.time() - t
             print(f"claims: {counts['ran']} runs, {counts['done']} already complete, {counts['failed']} failed",
                   file=sys.stderr)
-        for arms in arms_by_claim.values():
-            for a in arms.values():
+        for by_name in arms.values():
+            for a in by_name.values():
                 read_arm(a, root)
-        text = render(spec, claims, arms_by_claim, root, seconds)
+        for d in datasets:
+            covered = [c for c in claims if (d, c["id"]) in arms]
+            blocks[d] = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds)
         with store.atomic_open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {args.out}", file=sys.stderr)
+            f.write(render(spec, blocks))
+        kept = [d for d in blocks if d not in datasets]
+        print(f"wrote {args.out} ({', '.join(datasets)}{'; kept ' + ', '.join(kept) if kept else ''})",
+              file=sys.stderr)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -122,6 +122,25 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   widths and steps and run fit with one intra-op thread (``torch_threads``); see
   ``core.py``.
 
+Why DPAF without noise stays far below a GAN of its size (issue 29). On digits, the quick
+preset with ``--noise-off`` (the same pipeline, every σ = 0) reaches 0.34 ± 0.10 gen2real
+CNN (test split, seeds 0–2: 0.41, 0.38, 0.23) where the non-private ``gan`` of the same size
+reaches 0.81. The cause is the aggregation itself, not noise: D's head (conv3*/FC*) is
+trained on one mean of B = 24 examples' SIN features per side and batch, so the game D
+plays is matching the batch mean of conv2*'s features. At the end of every noise-off run D
+cannot tell 200 real batch means from 200 generated ones (AUC 0.47–0.52,
+``benchmarks/dpaf_gap.py``) while the samples are poor: a first moment of these features
+does not pin down single images. The head is never trained on one example, so D̂'s
+per-example logits, which G's step reads (Algorithm 1 line 16), are nearly constant (mean
+≈ 0, std ≈ 0.1; AUC 0.44–0.45 between single real and generated images): G gets little
+per-sample signal. Two ablations (noise off, test split, 3 seeds) locate it: G's loss on D
+at the fakes' *aggregate* instead of per example (``g_loss=aggregate``, ours, no privacy
+cost) gives 0.43 ± 0.01, and updating conv2* every batch (μ = 1 instead of 8) 0.47 ± 0.03:
+the features whose mean D compares, trained only every μ-th batch, are the bottleneck, and
+per-example D̂ adds variance, not signal. Both are properties of the paper's design that this
+implementation reproduces; the presets keep the paper's μ = 8 and D̂ (runs in
+benchmarks/presets.md).
+
 On digits the ``quick`` preset departs from the canonical split (see its comment and
 benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves
 DPAGG's aggregates mostly noise.

@@ -52,6 +52,10 @@ class DPAFHparams:
     classifier_batches: int | None = None  # T1 of phase 1; None: 𝔹 (Algorithm 1 loops 𝔹 times twice)
     mu: int = 8  # asymmetry multiplier μ (§6.1, Table 10)
     n_critic: int = 1  # G step every n_critic batches (Table 16: best at ε=10 with μ=8)
+    # G's loss (Algorithm 1 line 16): "per_example" = the paper's D̂ (D without DPAGG) on each
+    # fake; "aggregate" = D on the fake batch's clean aggregate, the input D's head is trained
+    # on (ours, a diagnostic of the no-noise gap; uses no real data, so no privacy cost)
+    g_loss: Literal["per_example", "aggregate"] = "per_example"
     # Privacy (§6.1 budget notations; §5.4 Theorem 5).
     budget_split: str = "0.1,x,0.1"  # (ε1, ×, ε3) absolute or (x1%, x2%, x3%)
     fill_budget: bool = True  # scale the shares up until the RDP composition reaches ε (false: the paper's additive reading)
@@ -123,6 +127,8 @@ class DPAF(Method):
             "digits": dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8,
                            n_critic=1, width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100,
                            budget_split="10%,40%,50%", torch_threads=1, samples_per_class=100),
+            # mnist-5k: the digits settings at 28×28 (d = 8: DPAGG on 32 maps of 3×3); at chance on
+            # the validation part (ε = 10): see the docstring's no-noise gap and benchmarks/presets.md
             "mnist-5k": dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8,
                              n_critic=1, width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100,
                              budget_split="10%,40%,50%", torch_threads=1, samples_per_class=100),
@@ -467,10 +473,16 @@ class DPAF(Method):
         return float(loss.item())
 
     def _g_step(self, gsm2, opt_g, x, y) -> float:
-        """L''_BCE on D̂ (D without DPAGG: per example) for the batch's fakes; only G moves."""
+        """L''_BCE on D̂ (D without DPAGG: per example) for the batch's fakes; only G moves.
+        With ``g_loss=aggregate``: on D's head at the fakes' clean aggregate (the mean of
+        their features, as D's head sees the noisy one)."""
         gsm2.disable_hooks()
         try:
-            logits = self.head(self._features(x, y)).flatten()  # D̂: every fake on its own
+            feats = self._features(x, y)
+            if self.hparams.g_loss == "aggregate":
+                logits = self._head_agg(feats.flatten(1).sum(0, keepdim=True)).flatten()
+            else:
+                logits = self.head(feats).flatten()  # D̂: every fake on its own
             loss = F.softplus(-logits).mean()  # −log D̂(G(z)): non-saturating
             opt_g.zero_grad(set_to_none=True)
             loss.backward(inputs=list(self.G.parameters()))

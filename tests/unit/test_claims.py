@@ -1,11 +1,14 @@
-"""benchmarks/claims.py: every arm of claims.yaml is a valid sweep grid, and the verdicts
-follow from the numbers (Welch t-test, chance, ranges, the paper's order)."""
+"""benchmarks/claims.py: every arm of claims.yaml is a valid sweep grid on every dataset, the
+verdicts follow from the numbers (Welch t-test, chance, ranges, the paper's order), and
+CLAIMS.md keeps one block per dataset (a block not rendered this time is kept verbatim)."""
 
+import copy
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 spec_ = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
@@ -14,6 +17,10 @@ sys.modules["claims"] = claims  # dataclasses look their module up
 spec_.loader.exec_module(claims)
 
 SPEC = {"chance": {"gen2real_cnn": 0.1}, "chance_margin": 0.05, "alpha": 0.05}
+CLAIMS_YAML = ROOT / "benchmarks" / "claims.yaml"
+# claims.yaml's defaults before it listed datasets: the digits run directories under results/claims
+# were named from these, so the digits cells must keep those names
+OLD_DEFAULTS = {"dataset": "digits", "seeds": [0, 1, 2], "preset": "quick", "eval": ["gen2real_cnn", "real2gen_cnn"]}
 
 
 def arm(name, values, ref=None, metric="gen2real_cnn"):
@@ -23,18 +30,60 @@ def arm(name, values, ref=None, metric="gen2real_cnn"):
     return a
 
 
-def test_every_arm_of_the_file_expands_to_cells():
-    spec = claims.load_claims(ROOT / "benchmarks" / "claims.yaml")
+def test_every_arm_of_the_file_expands_to_cells_on_every_dataset():
+    spec = claims.load_claims(CLAIMS_YAML)
     ids = [c["id"] for c in spec["claims"]]
     assert {"n-d-steps", "adaptive-n-d", "mia", "dpac-vs-gswgan", "ordering", "dpaf-ablations"} <= set(ids)
+    assert spec["datasets"] == ["digits", "mnist-5k"]
     for claim in spec["claims"]:
-        arms = claims.build_arms(spec, claim)
-        for a in arms.values():
-            assert len(a.cells) == 3, (claim["id"], a.name)  # three seeds each
-        for exp in claim["expect"]:  # every expectation names arms that exist
-            for key in ("better", "than", "arm"):
-                assert exp.get(key) is None or exp[key] in arms, (claim["id"], exp)
-            assert all(o in arms for o in exp.get("of", []))
+        assert claims.claim_datasets(spec, claim) == spec["datasets"], claim["id"]  # every claim on both
+        assert "1,437" not in claim["title"], claim["id"]  # titles are dataset-neutral; the N is in the scale
+        for dataset in spec["datasets"]:
+            assert claims.scale_text(claim, dataset).startswith(dataset), (claim["id"], dataset)
+            arms = claims.build_arms(spec, claim, dataset)
+            for a in arms.values():
+                assert len(a.cells) == 3, (claim["id"], dataset, a.name)  # three seeds each
+                assert {c.config.dataset for c in a.cells} == {dataset}
+            for exp in claim["expect"]:  # every expectation names arms that exist
+                for key in ("better", "than", "arm"):
+                    assert exp.get(key) is None or exp[key] in arms, (claim["id"], exp)
+                assert all(o in arms for o in exp.get("of", []))
+
+
+def test_digits_cells_keep_their_run_names():
+    spec = claims.load_claims(CLAIMS_YAML)
+    by_id = {c["id"]: c for c in spec["claims"]}
+    for claim_id, arm_name in [("small-n", "dpmerf"), ("small-n", "gan (ε = ∞)"), ("small-n", "dpac, noise off"),
+                               ("n-d-steps", "n_D = 5, T = 6000"), ("dpac-vs-gswgan", "gswgan, paper mode"),
+                               ("mia", "gan (memorise)"), ("mia", "dpgan"), ("ordering", "dpsinkhorn"),
+                               ("dpaf-ablations", "μ = 1")]:
+        arm = by_id[claim_id]["arms"][arm_name]
+        old = claims.expand({**OLD_DEFAULTS, **{k: v for k, v in arm.items() if k not in ("ref", "per_dataset")}})
+        new = claims.build_arms(spec, by_id[claim_id], "digits")[arm_name].cells
+        assert [c.run_name for c in new] == [c.run_name for c in old], (claim_id, arm_name)
+        assert all(c.run_name.startswith(f"sweep-{arm['method']}-digits-") for c in new)
+
+
+def test_per_dataset_replaces_arm_keys_on_that_dataset_only():
+    spec = claims.load_claims(CLAIMS_YAML)
+    mia = next(c for c in spec["claims"] if c["id"] == "mia")
+    digits = claims.build_arms(spec, mia, "digits")["gan (memorise)"].cells[0].config
+    mnist = claims.build_arms(spec, mia, "mnist-5k")["gan (memorise)"].cells[0].config
+    # gan has no memorise preset for mnist-5k: the quick preset set to the memorise values
+    assert (digits.preset, mnist.preset) == ("memorise", "quick") and mnist.hparams == digits.hparams
+
+
+def test_load_claims_rejects_a_dataset_outside_the_list_and_a_missing_scale(tmp_path):
+    spec = yaml.safe_load(CLAIMS_YAML.read_text())
+    bad = tmp_path / "claims.yaml"
+    for edit, message in [(lambda s: s["claims"][0].update(datasets=["cifar10"]), "'datasets' must be some of"),
+                          (lambda s: s["claims"][1].update(scale={"digits": "digits"}), "no scale text for"),
+                          (lambda s: s["defaults"].update(dataset="digits"), "top-level 'datasets'")]:
+        s = copy.deepcopy(spec)
+        edit(s)
+        bad.write_text(yaml.safe_dump(s, allow_unicode=True))
+        with pytest.raises(claims.UserError, match=message):
+            claims.load_claims(bad)
 
 
 def test_better_reproduced_reversed_inconclusive_and_chance():
@@ -91,20 +140,121 @@ def test_claim_verdict(verdicts, expected):
 
 
 def test_render_writes_every_claim_from_records(tmp_path):
-    spec = claims.load_claims(ROOT / "benchmarks" / "claims.yaml")
+    spec = claims.load_claims(CLAIMS_YAML)
     claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
-    arms = claims.build_arms(spec, claim)
+    arms = claims.build_arms(spec, claim, "digits")
     for a in arms.values():
         claims.read_arm(a, tmp_path)  # nothing there yet
-    text = claims.render(spec, [claim], {claim["id"]: arms}, tmp_path, None)
-    assert "**not run yet**" in text and "| n_D = 10 | 0/3 | — | — |" in text
+    block = claims.render_block(spec, "digits", [claim], {claim["id"]: arms}, None)
+    assert "**Verdict: not run yet**" in block and "| n_D = 10 | 0/3 | — | — |" in block
+    assert '<a id="n-d-steps-digits"></a>\n## More discriminator steps per generator step help (digits)' in block
 
 
-def test_claims_md_is_in_the_repo_covers_every_claim_and_is_linked():
+def _records(root, arm, gen2real):
+    """Complete run records for ``arm``'s cells (one gen2real_cnn value per seed)."""
+    for cell, value in zip(arm.cells, gen2real):
+        d = root / cell.run_name
+        d.mkdir(parents=True)
+        claims.store.write_json(d / "config.json", cell.config.to_json())
+        claims.store.write_json(d / "privacy.json", {"target": {"epsilon": 10.0, "delta": 1e-5},
+                                                     "epsilon": {"rdp": 9.96, "prv": 9.1}})
+        claims.store.write_json(d / "eval.json", {"metrics": {"gen2real_cnn": value, "real2gen_cnn": value}})
+        assert claims.store.load_record(d) is not None
+
+
+def test_render_with_two_datasets_gives_both_blocks_and_the_summary(tmp_path):
+    out, results = tmp_path / "CLAIMS.md", tmp_path / "results"
+    spec = claims.load_claims(CLAIMS_YAML)
+    abl = next(c for c in spec["claims"] if c["id"] == "dpaf-ablations")
+    arms = claims.build_arms(spec, abl, "mnist-5k")
+    _records(results, arms["μ = 8, GC"], [0.7, 0.72, 0.71])
+    _records(results, arms["μ = 1"], [0.5, 0.52, 0.49])
+    assert claims.main(["--out", str(out), "--results", str(results)]) == 0
+    text = out.read_text()
+    blocks = claims.split_blocks(text)
+    assert list(blocks) == ["digits", "mnist-5k"]
+    assert text.index("<!-- claims:dataset=digits -->") < text.index("<!-- /claims:dataset=digits -->") \
+        < text.index("<!-- claims:dataset=mnist-5k -->") < text.index("<!-- /claims:dataset=mnist-5k -->")
+    for dataset, block in blocks.items():
+        for claim in spec["claims"]:
+            assert f'<a id="{claim["id"]}-{dataset}"></a>\n## {claim["title"]} ({dataset})' in block
+            assert f"- **Checked at:** {claims.scale_text(claim, dataset)}" in block
+    assert "| μ = 8, GC | 3/3 | 9.96 / 9.1 | 0.710 ± 0.010 |" in blocks["mnist-5k"]
+    assert "| μ = 8, GC | 0/3 |" in blocks["digits"]
+    assert "| claim | source | digits | mnist-5k |" in text.split("<!--")[0]  # the summary is outside
+    row = next(line for line in text.splitlines() if line.startswith(f"| {abl['title']} |"))
+    assert row.endswith("| [**not run yet**](#dpaf-ablations-digits) | "
+                        "[**reproduced (1 check not run yet)**](#dpaf-ablations-mnist-5k) |")
+
+
+def test_rendering_one_dataset_keeps_the_other_block_verbatim(tmp_path):
+    out = tmp_path / "CLAIMS.md"
+    spec = claims.load_claims(CLAIMS_YAML)
+    kept = ("Where the runs ran (…): 3 on 2 CPUs.\n\n| claim | source | verdict |\n|---|---|---|\n\n"
+            '<a id="mia"></a>\n## Membership inference …\n\n- **Verdict: reproduced**\n\n| arm | 3/3 | 0.915 |\n\n'
+            '<a id="ordering-digits"></a>\n## The tables\' ordering (digits)\n\n- **Verdict: partly reproduced**\n\n'
+            "_Last regenerated 2026-11-24._")
+    out.write_text("# old header\n\nold summary\n\n<!-- claims:dataset=digits -->\n" + kept +
+                   "\n<!-- /claims:dataset=digits -->\n")
+    assert claims.main(["--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k"]) == 0
+    text = out.read_text()
+    assert "<!-- claims:dataset=digits -->\n" + kept + "\n<!-- /claims:dataset=digits -->\n" in text
+    assert claims.split_blocks(text)["digits"] == kept and "old summary" not in text
+    assert '<a id="mia-mnist-5k"></a>' in claims.split_blocks(text)["mnist-5k"]
+    # the summary reads the kept block's verdicts (either anchor form); a claim it lacks is "—"
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    by_id = {c["id"]: c["title"] for c in spec["claims"]}
+    assert "| [**reproduced**](#mia) | [**not run yet**](#mia-mnist-5k) |" in rows[by_id["mia"]]
+    assert "| [**partly reproduced**](#ordering-digits) |" in rows[by_id["ordering"]]
+    assert rows[by_id["small-n"]].endswith("| — | [**not run yet**](#small-n-mnist-5k) |")
+    # and again: the file it wrote keeps the digits block through a second render
+    assert claims.main(["--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k"]) == 0
+    assert claims.split_blocks(out.read_text())["digits"] == kept
+
+
+def test_a_claim_restricted_to_one_dataset(tmp_path):
+    spec = yaml.safe_load(CLAIMS_YAML.read_text())
+    spec["claims"] = [c for c in spec["claims"] if c["id"] in ("ordering", "dpaf-ablations")]
+    spec["claims"][1]["datasets"] = ["digits"]
+    spec["claims"][1]["scale"] = spec["claims"][1]["scale"]["digits"]  # one text suffices for one dataset
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump(spec, allow_unicode=True))
+    out = tmp_path / "CLAIMS.md"
+    assert claims.main(["--claims", str(tmp_path / "claims.yaml"), "--out", str(out),
+                        "--results", str(tmp_path / "none")]) == 0
+    text = out.read_text()
+    blocks = claims.split_blocks(text)
+    assert '<a id="dpaf-ablations-digits"></a>' in blocks["digits"]
+    assert "dpaf-ablations" not in blocks["mnist-5k"] and '<a id="ordering-mnist-5k"></a>' in blocks["mnist-5k"]
+    assert "| [**not run yet**](#dpaf-ablations-digits) | not checked on this dataset |" in text
+
+
+def test_a_file_without_blocks_or_with_unpaired_markers_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "CLAIMS.md"
+    for old in ("# claims rendered before the blocks\n\nnumbers\n",
+                "<!-- claims:dataset=digits -->\nnumbers\n<!-- /claims:dataset=mnist-5k -->\n"):
+        out.write_text(old)
+        assert claims.main(["--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k"]) == 2
+        assert out.read_text() == old and capsys.readouterr().err.startswith("error: ")
+
+
+def test_unknown_dataset_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "CLAIMS.md"
+    assert claims.main(["--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k,cifar10"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: unknown datasets ['cifar10'] (claims.yaml has: digits, mnist-5k)\n"
+    assert not out.exists()
+
+
+def test_claims_md_is_in_the_repo_covers_every_claim_on_every_dataset_and_is_linked():
     text = (ROOT / "benchmarks" / "CLAIMS.md").read_text()
-    spec = claims.load_claims(ROOT / "benchmarks" / "claims.yaml")
-    for claim in spec["claims"]:
-        assert f'<a id="{claim["id"]}"></a>' in text, claim["id"]
+    spec = claims.load_claims(CLAIMS_YAML)
+    blocks = claims.split_blocks(text)
+    assert set(spec["datasets"]) <= set(blocks)
+    for dataset in spec["datasets"]:
+        verdicts = claims.block_verdicts(blocks[dataset], dataset, spec["claims"])
+        assert set(verdicts) == {c["id"] for c in spec["claims"]}, dataset
+        for claim_id, (verdict, name) in verdicts.items():
+            assert f"[**{verdict}**](#{name})" in text.split("<!-- claims:dataset=")[0], (dataset, claim_id)
     assert "benchmarks/CLAIMS.md" in (ROOT / "README.md").read_text()
     assert "claims.py --run" in (ROOT / "Makefile").read_text()
 

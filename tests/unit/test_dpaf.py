@@ -1,6 +1,7 @@
 """DPAF against the math of the paper: SIN, DPAGG's sensitivity and noise, the μ-batch
 cadence of conv2*, gradient compression, the budget split, the composed ε."""
 
+import dataclasses
 import math
 
 import pytest
@@ -490,3 +491,26 @@ def test_book_keeping_gives_the_hooks_training_without_gradient_compression(priv
 def test_gradient_compression_refuses_book_keeping():
     with pytest.raises(ValueError, match="gradient compression"):
         DPAFHparams(gc=True, grad_sample_mode="bk")
+
+
+def test_aggregate_g_loss_reads_the_fakes_clean_mean_and_no_real_image(monkeypatch):
+    """``g_loss=aggregate`` (the no-noise-gap diagnostic): G's loss is D's head at the mean of
+    the fakes' features, the input D's head is trained on; it reads no real image (so it
+    costs no privacy) and gives the same plan as the paper's per-example D̂."""
+    m, ctx = _fit(eps=5.0, g_loss="aggregate")
+    assert ctx.ledger.report().epsilon_rdp <= 5.0
+    assert [p.steps for p in m.plan(Budget(5.0))] == [p.steps for p in DPAF(DPAFHparams(**TINY), DIGITS).plan(Budget(5.0))]
+    seen = []
+    orig = m.head.forward
+    monkeypatch.setattr(m.head, "forward", lambda a: (seen.append(a.detach().clone()), orig(a))[1])
+    x, y = m._fake(m.hparams.batch_size, torch.device("cpu"))
+    hooks = type("NoHooks", (), {"disable_hooks": lambda self: None, "enable_hooks": lambda self: None})()
+    m._g_step(hooks, torch.optim.SGD(m.G.parameters(), lr=0.0), x, y)
+    (agg,) = seen
+    expected = m._features(x.detach(), y).flatten(1).sum(0, keepdim=True) / m.hparams.batch_size
+    torch.testing.assert_close(agg.reshape(expected.shape), expected)
+    seen.clear()
+    m.hparams = dataclasses.replace(m.hparams, g_loss="per_example")
+    x, y = m._fake(m.hparams.batch_size, torch.device("cpu"))
+    m._g_step(hooks, torch.optim.SGD(m.G.parameters(), lr=0.0), x, y)
+    assert seen[0].shape[0] == len(x)  # D̂: one row per fake

@@ -1,0 +1,77 @@
+"""What DPAF's discriminator can still tell apart at the end of a run (issue 29's no-noise
+gap): from finished run directories (``bench run --method dpaf ... [--noise-off]``), the
+AUC with which
+
+- D (conv1*, conv2*, SIN, then the head on the *mean of B examples' features*, the input
+  the head is trained on) separates 200 real batch means from 200 generated ones, and
+- D̂ (the same head on *one example's features*, what G's step reads in the paper)
+  separates 1,000 real training images from 1,000 generated ones,
+
+plus the mean logits and the feature norms of one example and of a batch mean.
+
+    .venv/bin/python benchmarks/dpaf_gap.py RUN_DIR [RUN_DIR ...]   # one JSON line per run
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from dpgen_bench import registry
+from dpgen_bench.api import DataInfo
+from dpgen_bench.config import RunConfig
+from dpgen_bench.data import load_dataset
+
+
+def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    return float(roc_auc_score(y, np.r_[pos.numpy(), neg.numpy()]))
+
+
+@torch.no_grad()
+def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
+    raw = json.loads((run_dir / "config.json").read_text())
+    raw.pop("run_id", None)
+    cfg = RunConfig.from_json(raw)
+    data = load_dataset(cfg.dataset, cfg.eval_split)
+    cls = registry.methods.get(cfg.method)
+    m = cls(cls.Hparams(**cfg.hparams), DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))
+    m.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
+    s = np.load(run_dir / "samples.npz")
+    xr, yr = data.train.images[:n], data.train.labels[:n]
+    xf, yf = torch.from_numpy(s["images"][:n]), torch.from_numpy(s["labels"][:n])
+    fr, ff = m._features(m._resize(xr, m.train_shape[1]), yr).flatten(1), m._features(
+        m._resize(xf, m.train_shape[1]), yf).flatten(1)
+    single_r, single_f = m.head(fr).flatten(), m.head(ff).flatten()
+    b = m.hparams.batch_size
+    g = torch.Generator().manual_seed(0)
+
+    def means(f: torch.Tensor) -> torch.Tensor:
+        idx = torch.stack([torch.randperm(len(f), generator=g)[:b] for _ in range(batches)])
+        return m._head_agg(f[idx].sum(1)).flatten()
+
+    agg_r, agg_f = means(fr), means(ff)
+    return {"run": run_dir.name, "noise_off": bool(cfg.noise_off), "seed": cfg.seed,
+            "mu": cfg.hparams["mu"], "g_loss": cfg.hparams.get("g_loss", "per_example"),
+            "D_batch_mean_auc": round(_auc(agg_r, agg_f), 3), "Dhat_single_auc": round(_auc(single_r, single_f), 3),
+            "D_logit_mean_real_fake": [round(agg_r.mean().item(), 3), round(agg_f.mean().item(), 3)],
+            "Dhat_logit_mean_real_fake": [round(single_r.mean().item(), 3), round(single_f.mean().item(), 3)],
+            "Dhat_logit_std": round(torch.cat([single_r, single_f]).std().item(), 3),
+            "feature_norm_one_example": round(fr.norm(dim=1).mean().item(), 2),
+            "feature_norm_batch_mean": round(fr[:b].mean(0).norm().item(), 2)}
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    for d in argv:
+        print(json.dumps(inspect(Path(d))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
