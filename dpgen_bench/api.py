@@ -100,14 +100,16 @@ class ImageData:
         the training split; the runner passes the whole training split under ``--members``)
         turned negative (x → −x) with a different label drawn at random, so that it is unlike
         any real record; each enters the training split independently with probability 1/2.
-        The images are drawn without replacement (with replacement only when m exceeds the
-        pool): two canaries never share an image, so none can stand in for another (with
+        The images are drawn without replacement, so ``m`` may not exceed the pool (a
+        ValueError): two canaries never share an image, so none can stand in for another (with
         ``--members 16`` a member-only pool made ~8 canaries of each image, some of them equal
         in image and label, one included and one not). Seeded by ``seed``; the canaries and
         which were included are kept for scoring."""
         src = self.train if pool is None else pool
+        if m > len(src):
+            raise ValueError(f"{m} canaries need {m} distinct images; the pool has {len(src)}")
         rng = np.random.default_rng([seed, 0xCA9A])
-        base = rng.choice(len(src), size=m, replace=m > len(src))
+        base = rng.choice(len(src), size=m, replace=False)
         labels = src.labels.cpu().numpy()[base]
         shift = rng.integers(1, self.num_classes, size=m)  # never the image's own label
         canaries = Split(-src.images[torch.as_tensor(base, device=src.images.device)].to(self.train.images.device),

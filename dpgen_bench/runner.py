@@ -137,11 +137,19 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     data = load_dataset(config.dataset, config.eval_split, root=data_root)
     check_members(config, data.name, len(data.train), len(data.test))
     full_train = data.train  # canary images come from the whole training split, --members or not
+    if config.canaries and config.canaries > len(full_train):
+        raise UserError(f"--canaries {config.canaries}: each canary needs its own image of the training split, "
+                        f"which has {len(full_train)}; use at most {len(full_train)}")
     if config.members is not None:
         data = data.with_members(config.members, seed=config.seed)
+    n_plan = len(data.train)
     if config.canaries:
         data = data.with_canaries(config.canaries, seed=config.seed, pool=full_train)
-    info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
+        # the plan must not depend on which canaries were drawn in (the one-run theorem needs a
+        # mechanism fixed before the draw): N = N0 + m, every canary counted; each record is
+        # Poisson-sampled at the planned rate, so the accounting is exact for the run's data
+        n_plan += config.canaries
+    info = DataInfo(data.name, data.image_shape, data.num_classes, n_plan)
     method, ledger = _calibrate(config, method_cls, budget, info)
     if config.noise_off:
         ledger.switch_noise_off()

@@ -53,10 +53,14 @@ def _opt(run: EvalInput, key: str):
 
 
 def queries(data) -> tuple[Split, Split]:
-    """Members (the training set of the run) and non-members (held-out test images)."""
+    """Members (the run's member images, never its audit canaries) and non-members (held-out
+    test images). Under ``bench audit --members N`` the training split is the N members
+    followed by the included canaries (negated images with wrong labels): counting those as
+    members against natural non-members would score the canaries' oddness, not a leak."""
     if data.member_indices is None:
         raise ValueError("membership inference needs a member subset: run with --members N")
-    return data.train, data.test.subset(data.nonmember_indices)
+    members = data.train.subset(np.arange(len(data.member_indices)))  # with_canaries appends after them
+    return members, data.test.subset(data.nonmember_indices)
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,9 @@ def test_audit_json_beside_a_complete_record(audited):
         assert {"epsilon_lower_bound", "confidence", "guesses", "correct"} <= set(a)
         assert 0 <= a["epsilon_lower_bound"] <= audit["epsilon_accountant"]["rdp"] <= 5
         assert a["correct"] <= a["guesses"] <= 120
-    assert audit["violation"] == [] and "ε lower bound at 95%" in text
+    assert audit["violation"] == [] and "ε lower bound at 95% for all attacks together" in text
+    per = audit["confidence_per_attack"]
+    assert per == pytest.approx(1 - 0.05 / 3) and all(a["confidence"] == per for a in audit["attacks"].values())
     inc = np.load(out / "canaries.npz")["included"]
     assert inc.sum() == audit["included"]
     config = json.loads((out / "config.json").read_text())
@@ -95,6 +97,8 @@ def test_gswgan_discriminators_are_not_scored():
     (["-m", "dpgan", "--eps", "0"], "--eps must be > 0"),
     (["-m", "nope", "--eps", "1"], "unknown method"),
     (["-m", "gan", "--eps", "1"], "not private"),
+    (["-m", "dpgan", "--eps", "1", "--preset", "tiny", "--canaries", "5000"],
+     "--canaries 5000: each canary needs its own image of the training split, which has 1437"),
 ])
 def test_bad_input_one_line(args, needle, tmp_path):
     res = CliRunner().invoke(cli, ["audit", *args, "--out", str(tmp_path / "x")])
