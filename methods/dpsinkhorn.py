@@ -351,7 +351,7 @@ class DPSinkhorn(Method):
         self.G.to(dev).train()
         opt = torch.optim.Adam(self.G.parameters(), lr=h.lr, betas=(h.beta1, h.beta2), weight_decay=h.weight_decay)
         sanitizer = BatchGradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
-                                           generator=noise_gen)
+                                           generator=noise_gen, on_release=lambda: ctx.spend(PART))
         alt_clip = BatchGradientSanitizer(h.max_grad_norm, 0.0)  # data-independent: clipped, no noise
         r = ctx.restore()
         start = 1
@@ -379,9 +379,8 @@ class DPSinkhorn(Method):
             loss.backward(inputs=list(self.G.parameters()))
             for handle in handles:
                 handle.remove()
-            if sanitizer.calls != calls + 1:
+            if sanitizer.calls != calls + 1:  # the sanitiser counted its release on the ledger (on_release)
                 raise AssertionError("the gradient at the generated batch was not sanitised exactly once")
-            ctx.spend(PART)  # counted before the released gradient is used
             opt.step()
             bar.update(1)
 

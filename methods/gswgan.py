@@ -370,12 +370,13 @@ class GSWGAN(Method):
             self.G_ema.to(dev).eval()
         opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g,
                                  betas=(h.beta1 if h.beta1_g is None else h.beta1_g, h.beta2))
+        per = self.compositions_per_step
         sanitizer = GradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
-                                      generator=noise_gen, scale=1.0 / h.batch_size)
+                                      generator=noise_gen, scale=1.0 / h.batch_size,
+                                      on_release=lambda: ctx.spend(PART, per))
         r = ctx.restore()  # pretraining and the first t − 1 generator steps are in the checkpoint
         start = self._restore(r, opt_g) + 1 if r is not None else 1
 
-        per = self.compositions_per_step
         if part.steps % per:
             raise AssertionError("planned steps are not a whole number of generator steps")
         steps = part.steps // per  # generator steps T
@@ -397,9 +398,8 @@ class GSWGAN(Method):
             opt_g.zero_grad(set_to_none=True)
             loss.backward(inputs=list(self.G.parameters()))
             handle.remove()
-            if sanitizer.calls != calls + 1:
+            if sanitizer.calls != calls + 1:  # the sanitiser counted its release on the ledger (on_release)
                 raise AssertionError("the generator's gradient was not sanitised exactly once")
-            ctx.spend(PART, per)
             opt_g.step()
             self._update_ema(t)
             bar.update(1)

@@ -25,13 +25,15 @@ training loop can assert that every private step was sanitised exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 
 class GradientSanitizer:
     def __init__(self, max_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
-                 scale: float = 1.0):
+                 scale: float = 1.0, on_release: Callable[[], None] | None = None):
         if not max_norm > 0:
             raise ValueError("max_norm must be > 0")
         if not noise_multiplier >= 0:
@@ -40,6 +42,9 @@ class GradientSanitizer:
         self.noise_multiplier = float(noise_multiplier)  # per-coordinate noise std / C
         self.generator = generator
         self.scale = float(scale)
+        # called once per sanitised gradient, as it is released and before anything can use it
+        # (the ledger's step count: ``lambda: ctx.spend(part)``), so a loop cannot count it late
+        self.on_release = on_release
         self.calls = 0
         self.last_clip_fraction = float("nan")  # share of rows whose norm exceeded C (diagnostics)
         self.last_mean_norm = float("nan")
@@ -63,7 +68,10 @@ class GradientSanitizer:
         """M(g) = scale · (clip(g, C) + N(0, σ²C²·I)), row-wise clipping."""
         self.calls += 1
         with torch.no_grad():
-            return (self.clip(grad) + self.noise(grad)) * self.scale
+            released = (self.clip(grad) + self.noise(grad)) * self.scale
+        if self.on_release is not None:
+            self.on_release()
+        return released
 
     def attach(self, tensor: Tensor) -> torch.utils.hooks.RemovableHandle:
         """Register on a non-leaf tensor (the generated batch); remove the handle after backward."""

@@ -314,3 +314,19 @@ def test_paper_mode_charges_B_per_generator_step_and_takes_T_steps(cls):
     assert ledger.taken["generator_gradient"] == part.steps  # T generator steps × B
     assert max(r["step"] for r in ctx.records if "step" in r) == TINY["steps"]
     assert report.epsilon_rdp <= 10.0 and m.hook_noise_multiplier(sigma) == pytest.approx(2 * sigma)
+
+
+def test_the_sanitiser_counts_its_own_release_before_it_returns():
+    """Issue 30: the step is counted by the sanitiser as it releases the gradient, so no
+    loop can count it after the update (or forget it)."""
+    from dpgen_bench.privacy.sanitizer import GradientSanitizer
+
+    seen = []
+    s = GradientSanitizer(0.7, 2.0, generator=torch.Generator().manual_seed(0),
+                          on_release=lambda: seen.append(s.calls))
+    x = torch.zeros(4, 3, requires_grad=True)
+    y = x * 2
+    handle = s.attach(y)
+    y.sum().backward()
+    handle.remove()
+    assert seen == [1] and x.grad is not None
