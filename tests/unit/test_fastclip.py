@@ -80,6 +80,11 @@ def test_bk_norms_are_exact_per_layer_rule(norms):
         assert rules == {"conv2d ghost" if norms == "ghost" else "conv2d per-example"}
 
 
+def norms_of(grads) -> torch.Tensor:
+    """Per-example gradient norms from lists of per-parameter gradients."""
+    return torch.stack([torch.sqrt(sum((g ** 2).sum() for g in gs)) for gs in grads])
+
+
 class _Mixed(nn.Module):
     """Layers of every rule: conv, linear on vectors and on sequences, embedding, layer norm."""
 
@@ -97,7 +102,10 @@ class _Mixed(nn.Module):
         return self.fc(torch.cat([h, s], 1)).flatten()
 
 
-def test_bk_is_exact_for_linear_sequences_embeddings_and_norms():
+@pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
+def test_bk_is_exact_for_linear_sequences_embeddings_and_norms(norms):
+    """Every branch of the linear rule on sequences is reached: ``mixed`` takes the
+    per-example one here (T(d+p) = 33 ≥ dp = 30), ``ghost`` the Gram-product one."""
     torch.manual_seed(0)
     net, ref = _Mixed(), _Mixed()
     ref.load_state_dict(net.state_dict())
@@ -108,15 +116,17 @@ def test_bk_is_exact_for_linear_sequences_embeddings_and_norms():
         ref.zero_grad()
         F.binary_cross_entropy_with_logits(ref(x[i:i + 1], y[i:i + 1]), t[i:i + 1]).backward()
         grads.append([p.grad.clone() for p in ref.parameters()])
-    norms = torch.stack([torch.sqrt(sum((g ** 2).sum() for g in gs)) for gs in grads])
-    C = norms.median().item()
-    coef = (C / (norms + 1e-6)).clamp(max=1.0)
-    bk = BookKeepingModule(net, max_grad_norm=C)
+    sizes = norms_of(grads)
+    C = sizes.median().item()
+    coef = (C / (sizes + 1e-6)).clamp(max=1.0)
+    bk = BookKeepingModule(net, max_grad_norm=C, norms=norms)
     bk.backward(F.binary_cross_entropy_with_logits(bk(x, y), t, reduction="none"))
-    torch.testing.assert_close(bk.per_sample_norms, norms, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(bk.per_sample_norms, sizes, rtol=1e-4, atol=1e-7)
     for p, k in zip(net.parameters(), range(len(grads[0]))):
         torch.testing.assert_close(p.grad, sum(c * gs[k] for c, gs in zip(coef, grads)), rtol=1e-4, atol=1e-7)
-    assert bk.layer_rules["seq"].startswith("linear") and bk.layer_rules["embed"] == "opacus"
+    assert bk.layer_rules["seq"] == ("linear ghost" if norms == "ghost" else "linear per-example")
+    assert bk.layer_rules["fc"] == "linear ghost"  # vectors: ‖g‖‖a‖ exactly, whatever the mode
+    assert bk.layer_rules["embed"] == "opacus"
 
 
 def test_bk_equals_hooks_on_a_loss_that_couples_examples():
