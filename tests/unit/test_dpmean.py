@@ -51,8 +51,9 @@ def _fit(h, train, seed, eps=1.0):
 
 def test_each_release_has_the_calibrated_std_and_every_release_is_counted():
     # with variance=False, min_std = 0: mean·n̂ = S + noise; compare the empirical std of the
-    # released sums over seeds with σ_sums·clip (the noisy count is recovered from the record)
-    h = DPMeanHparams(clip=1.0, variance=False, min_std=0.0)
+    # released sums over seeds with σ_sums·clip (the noisy count is recovered from the record);
+    # clip ≠ 1, so that a std that forgot the clip (or squared it) is visible
+    h = DPMeanHparams(clip=0.7, variance=False, min_std=0.0)
     train = _train()
     x = ((train.images.flatten(1) + 1) / 2).clamp(0, 1)
     x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))
