@@ -13,7 +13,7 @@ OUT=${OUT:-results/claims}
 JOBS=${JOBS:-2}
 common=(--dataset mnist-5k --preset quick --seeds 0,1,2 --eval gen2real_cnn,real2gen_cnn --jobs "$JOBS"
         --results "$OUT" --no-report)
-"$BENCH" sweep --method dpaf,gswgan,dpac,dpgan,dpmean,dpmerf,gan --eps 10 "${common[@]}"
+"$BENCH" sweep --method dpaf,gswgan,dpac,dpgan,dpmean,dpmerf,dpsinkhorn,gan --eps 10 "${common[@]}"
 printf 'noise_off: true\nmethod: [dpaf, gswgan, dpac, dpgan]\neps: [10]\n' > "$OUT.noise_off.yaml"
 "$BENCH" sweep "$OUT.noise_off.yaml" "${common[@]}"
 "$BENCH" sweep --method dpaf,gswgan,dpac,dpmean,dpmerf --eps 1,100,1000 "${common[@]}"
