@@ -167,10 +167,10 @@ class DPGAN(Method):
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
             # mnist-5k 28×28 (N = 4,000), about 80 s on one core: narrow nets (d = 16: the
             # per-coordinate noise on D's mean gradient is σ/2B, its norm grows as √params) and
-            # n_D = 2, the best of 14 settings on the validation part (ε = 10; 0.225 / 0.222 for
+            # n_D = 2, the best of 18 settings on the validation part (ε = 10; 0.225 / 0.222 for
             # seeds 0 / 1; benchmarks/presets.md). Not a working DP-GAN: at this N and CPU budget
-            # every setting tried stays below 0.25 while the same pipeline with the noise off
-            # reaches 0.62 (d = 32, T = 1,000) — see benchmarks/presets.md for the evidence.
+            # every setting tried stays below 0.25 with noise; without it these narrow nets reach
+            # 0.20 (test) and the width-32 nets 0.62 — see benchmarks/presets.md for the evidence.
             "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },

@@ -31,7 +31,7 @@ class DiracCanaries:
     or ``DPOptimizerFastGradientClipping``) of a part sampled at ``sample_rate``."""
 
     def __init__(self, dp_opt, m: int, sample_rate: float, seed: int):
-        params = [p for p in dp_opt.params]
+        params = list(dp_opt.params)
         sizes = [p.numel() for p in params]
         total = sum(sizes)
         if not 2 <= m <= total:
