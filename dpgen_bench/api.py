@@ -261,6 +261,13 @@ class RunContext(abc.ABC):
     @abc.abstractmethod
     def record(self, **values: Any) -> None: ...  # one line of train.jsonl
 
+    def watch(self, part: str, mechanism: Any) -> None:
+        """Announce the object that releases part ``part``'s noisy sums (a DP optimizer,
+        which ``make_private`` announces itself, or a ``GradientSanitizer``), so a white-box
+        audit (``bench audit --white-box``) can place its canaries inside it. Call it once
+        per part, before the first release; outside an audit it does nothing."""
+        return None
+
     def log(self, message: str) -> None:  # to stderr through logging
         import logging
 

@@ -167,7 +167,11 @@ def _print_result(result: dict) -> None:
 @cli.command()
 @_run_options
 @click.option("--canaries", type=int, default=None,
-              help="Canaries, each in the training split with probability 1/2 [default: 500].")
+              help="Canaries, each in the run with probability 1/2 [default: 500 images; 1,000 gradients per part "
+                   "with --white-box].")
+@click.option("--white-box", is_flag=True,
+              help="Gradient canaries inside each private part's own noisy release (optimizer or sanitiser), "
+                   "scored on the released sums: audits the privacy code, not an attack on the samples.")
 @click.option("--confidence", type=float, default=0.95, help="Confidence of the lower bound.")
 @click.option("--members", type=int, default=None,
               help="Train on N training images (plus the included canaries) instead of the whole split.")
@@ -176,16 +180,20 @@ def _print_result(result: dict) -> None:
 @click.option("--out", default=None, help="Exact run directory [default: RESULTS/<run-id>].")
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
 def audit(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, canaries,
-          confidence, members, evaluators, device, out, results):
+          white_box, confidence, members, evaluators, device, out, results):
     """Train one run with canaries and bound ε from below (one-run auditing); writes audit.json."""
     from . import audit as audit_
-    from .audit import DEFAULT_CANARIES
+    from .audit import DEFAULT_CANARIES, DEFAULT_GRADIENT_CANARIES
 
     if not 0 < confidence < 1:
         raise UserError(f"--confidence must be in (0, 1), got {confidence:g}")
+    if white_box:
+        image, gradient = None, DEFAULT_GRADIENT_CANARIES if canaries is None else canaries
+    else:
+        image, gradient = DEFAULT_CANARIES if canaries is None else canaries, None
     cfg = build_config(method, dataset, epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets,
                        config_file=config_file, seed=seed, device=device, evaluators=evaluators, members=members,
-                       eval_split=eval_split, canaries=DEFAULT_CANARIES if canaries is None else canaries)
+                       eval_split=eval_split, canaries=image, gradient_canaries=gradient)
     result = audit_.run_audit(cfg, out=out, results=results, data_root=data_root, confidence=confidence)
     click.echo(f"run_dir: {result['run_dir']}\n{audit_.summary_line(result)}")
 

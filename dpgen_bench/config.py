@@ -50,12 +50,13 @@ class RunConfig:
     eval_split: str = "test"  # "val": train on train minus a validation part, evaluate on it
     noise_off: bool = False  # diagnostic: the same pipeline with every noise multiplier 0 (not private)
     canaries: int | None = None  # bench audit: m canaries, each in the training split with probability 1/2
+    gradient_canaries: int | None = None  # bench audit --white-box: m gradient canaries in each private part
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["evaluators"] = list(self.evaluators)
         d["epsilon"] = _json_float(self.epsilon)
-        for key in ("noise_off", "canaries"):  # absent unless set: records and sweep cells stay as before
+        for key in ("noise_off", "canaries", "gradient_canaries"):  # absent unless set: records and sweep cells stay as before
             if not d[key]:
                 del d[key]
         return d
@@ -283,7 +284,7 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
                  config_file: str | Path | None = None, seed: int | None = None, members: int | None = None,
                  device: str | None = None, evaluators: str | list[str] | tuple[str, ...] | None = None,
                  eval_split: str | None = None, noise_off: bool | None = None,
-                 canaries: int | None = None) -> RunConfig:
+                 canaries: int | None = None, gradient_canaries: int | None = None) -> RunConfig:
     """A validated ``RunConfig``: given values > ``config_file`` > preset > ``Hparams``
     defaults. ``hparams`` (a mapping) and ``sets`` (``KEY=VALUE`` strings) override method
     settings, ``sets`` last. ``epsilon`` None: required for a private method, ∞ otherwise."""
@@ -330,9 +331,13 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
         eval_split=eval_split or file_cfg.get("eval_split", "test"),
         noise_off=bool(noise_off if noise_off is not None else file_cfg.get("noise_off", False)),
         canaries=canaries,
+        gradient_canaries=gradient_canaries,
     )
-    if canaries is not None and canaries < 2:
-        raise UserError("--canaries must be ≥ 2")
+    for given in (canaries, gradient_canaries):
+        if given is not None and given < 2:
+            raise UserError("--canaries must be ≥ 2")
+    if canaries and gradient_canaries:
+        raise UserError("an audit places image canaries or gradient canaries (--white-box), not both")
     if kwargs["eval_split"] not in EVAL_SPLITS:
         raise UserError(f"eval_split must be one of {', '.join(EVAL_SPLITS)}, got {kwargs['eval_split']!r}")
     if evaluators is not None:

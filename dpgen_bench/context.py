@@ -88,8 +88,9 @@ class TrainingContext(RunContext):
     CHECKPOINT_OVERHEAD = 0.05
 
     def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None = None,
-                 resume: dict | None = None):
+                 resume: dict | None = None, audit=None):
         self.device = torch.device(device)
+        self.audit = audit  # privacy.canaries.GradientAudit under bench audit --white-box, else None
         self.seed = seed
         self.ledger = ledger
         self.run_dir = run_dir
@@ -113,6 +114,10 @@ class TrainingContext(RunContext):
 
     def spend(self, name: str, steps: int = 1) -> None:
         self.ledger.spend(name, steps)
+
+    def watch(self, part: str, mechanism: Any) -> None:
+        if self.audit is not None:
+            self.audit.watch(part, self.part(part), mechanism)
 
     # --------------------------------------------------------------- randomness
 

@@ -327,7 +327,9 @@ def resume_config(run_dir: Path) -> RunConfig:
     return RunConfig.from_json(raw)
 
 
-def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dict[str, Any]:
+    """Train, record privacy, sample, evaluate; ``audit``: a ``privacy.canaries.GradientAudit``
+    that places its canaries in every part the method announces (``bench audit --white-box``)."""
     cfg = p.config
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_state = load_resume(run_dir) if resume else None
@@ -359,7 +361,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     phase, t0, timings = "fit", time.time(), {}
     try:
         seed_everything(cfg.seed)
-        ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state)
+        ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state, audit=audit)
         try:
             with _stop_on_signals(ctx):
                 p.method.fit(p.data.train, p.budget, ctx)
@@ -436,6 +438,9 @@ def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | N
         if diff:
             raise UserError(f"--resume {run_dir}: the given settings differ from the run's config in "
                             f"{', '.join(diff)}")
+    if cfg.gradient_canaries:
+        raise UserError(f"--resume {run_dir}: a white-box audit run cannot be resumed (its canaries' scores are "
+                        "not in the checkpoint); run the audit again")
     if device:
         cfg = dataclasses.replace(cfg, device=device)
     p = prepare(cfg, data_root)

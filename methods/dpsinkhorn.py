@@ -184,6 +184,8 @@ class BatchGradientSanitizer(GradientSanitizer):
     coordinate: any two clipped tensors are ≤ 2C apart, so σ_hook = 2σ for a noise
     multiplier σ (module docstring)."""
 
+    clip_geometry = "whole"  # one record moves the clipped tensor by ≤ 2C in all
+
     def clip(self, grad: Tensor) -> Tensor:
         norm = grad.norm()
         self.last_clip_fraction = float(norm.item() > self.max_norm)
@@ -355,6 +357,7 @@ class DPSinkhorn(Method):
         opt = torch.optim.Adam(self.G.parameters(), lr=h.lr, betas=(h.beta1, h.beta2), weight_decay=h.weight_decay)
         sanitizer = BatchGradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
                                            generator=noise_gen, on_release=lambda: ctx.spend(PART))
+        ctx.watch(PART, sanitizer)
         alt_clip = BatchGradientSanitizer(h.max_grad_norm, 0.0)  # data-independent: clipped, no noise
         r = ctx.restore()
         start = 1

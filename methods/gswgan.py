@@ -374,6 +374,7 @@ class GSWGAN(Method):
         sanitizer = GradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
                                       generator=noise_gen, scale=1.0 / h.batch_size,
                                       on_release=lambda: ctx.spend(PART, per))
+        ctx.watch(PART, sanitizer)
         r = ctx.restore()  # pretraining and the first t − 1 generator steps are in the checkpoint
         start = self._restore(r, opt_g) + 1 if r is not None else 1
 

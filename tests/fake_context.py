@@ -42,3 +42,6 @@ class PartContext:
 
     def spend(self, name, steps=1):
         self.spent += steps
+
+    def watch(self, name, mechanism):
+        pass

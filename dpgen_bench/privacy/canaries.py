@@ -1,4 +1,7 @@
-"""White-box gradient canaries for a DPSGD part (one-run auditing of the released sums).
+"""White-box gradient canaries inside a private part's own release (one-run auditing of the
+released noisy sums): ``DiracCanaries`` for a DPSGD part's optimizer, ``SanitizerCanaries``
+for a gradient sanitiser (GS-WGAN, DP-GAN-DPAC, DP-Sinkhorn), ``GradientAudit`` to attach
+them to every part a run announces (``RunContext.watch``) and score them afterwards.
 
 Steinke, Nasr, Jagielski, *Privacy Auditing with One (1) Training Run* (NeurIPS 2023), the
 white-box setting, with the Dirac canaries of Nasr et al. (*Tight Auditing of Differentially
@@ -8,22 +11,46 @@ coordinates, chosen at random), each included in the run with probability 1/2 an
 included, Poisson-sampled at the part's planned rate at every step, like any record. A
 sampled canary's gradient (norm exactly C, so clipping leaves it alone) is added to the
 part's clipped sum *inside its own DP optimizer*, right before the optimizer adds the noise,
-so the noise, its multiplier and its generator are the part's own. The score of canary j is
-``Σ_t s_t[i_j]``, the sum over steps of the released noisy clipped sums ``s_t`` at its
-coordinate: the parameters are a post-processing of the ``s_t``, so an adversary of the DP
-guarantee may see every one of them. Scores go to ``privacy.audit.best_one_run_bound``.
+so the noise, its multiplier and its generator are the part's own. Canary j's gradient at
+step t is ``ξ_{j,t}·C·e_{i_j}`` with a fresh fair sign ξ_{j,t} = ±1 known to the auditor (a
+record's gradient may change from step to step; its norm is still C), and its score is
+``Σ_t ξ_{j,t}·s_t[i_j]``, the signed sum over steps of the released noisy clipped sums
+``s_t`` at its coordinate. The signs matter: the real records' gradients at a coordinate
+drift in one direction for hundreds of steps (a GAN discriminator's), and an unsigned sum
+adds that drift to every canary's score (σ/4 went unnoticed on dpgan's D without them,
+AUC 0.53); signed, it averages out. The parameters are a post-processing of the ``s_t``,
+so an adversary of the DP guarantee may see every one of them. Scores go to ``privacy.audit.best_one_run_bound``.
 
 The real examples' gradients on the canaries' coordinates act as extra noise on the scores
-(they make the bound smaller, never unsound). What this audit observes: the part's noise
-(multiplier, clipping norm, generator) and its step count; what it cannot see: a bug in the
-method's own sampling of real records, which ``tests/integration/test_loops_follow_plan.py``
-checks instead.
+(they make the bound smaller, never unsound): with the signs, their variance Σ_t r_t[i]²
+instead of the drift (Σ_t r_t[i])². What this audit observes: the part's noise
+(multiplier, clipping norm, generator) and its number of releases; what it cannot see: the
+clipping of the real records (canaries enter after it: ``tests/unit/test_fastclip.py``
+checks every rule against per-example autograd) and the method's own sampling of real records
+(``tests/integration/test_loops_follow_plan.py`` spies on it).
+
+A gradient sanitiser releases ``clip(g) + N(0, (σ_hook·C)²)`` for the whole generated batch
+``g`` (B rows). A record's worst-case effect is what its clip geometry allows, never what its
+noise code says (so a wrong noise multiplier cannot hide itself by shrinking the canaries):
+row-wise clipping (``GradientSanitizer``, ``clip_geometry = "rows"``) lets one record move
+every row by ≤ 2C (norm 2C·√B), one clip of the whole tensor (DP-Sinkhorn's
+``BatchGradientSanitizer``, ``"whole"``) by ≤ 2C. Canary j is such a worst-case change on
+its own coordinate(s) (``SanitizerCanaries``: mutually orthogonal, so canaries add no noise
+to each other's scores); it is added to the clipped batch before the sanitiser's own noise
+whenever it is sampled (included with probability 1/2, then Poisson at the part's planned
+rate at every release), and its score is the inner product of its direction with the sum of
+the released (noisy, unscaled) batches.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+
+def _signs(m: int, gen: torch.Generator) -> torch.Tensor:
+    """This step's sign of each canary (±1, fair, fresh every step; float64)."""
+    return torch.randint(0, 2, (m,), generator=gen).to(torch.float64) * 2 - 1
 
 
 class DiracCanaries:
@@ -59,13 +86,140 @@ class DiracCanaries:
     def _add_noise_with_canaries(self) -> None:
         sampled = torch.as_tensor(self.included) & (torch.rand(len(self.included), generator=self._gen)
                                                     < self.sample_rate)
+        sign = _signs(len(self.included), self._gen)
         for p, pos, idx in self._blocks:
-            add = sampled[idx].to(p.summed_grad.dtype).to(p.device) * self.clip
+            add = (sampled[idx].to(torch.float64) * sign[idx] * self.clip).to(p.summed_grad.dtype).to(p.device)
             p.summed_grad.view(-1).index_add_(0, pos, add)
         self._add_noise()  # the part's own noise on the sum, canaries included
         for p, pos, idx in self._blocks:
-            self.scores[idx.numpy()] += p.grad.detach().reshape(-1)[pos].double().cpu().numpy()
+            self.scores[idx.numpy()] += (sign[idx] * p.grad.detach().reshape(-1)[pos].double().cpu()).numpy()
         self.steps += 1
 
     def detach(self) -> None:
         self._opt.add_noise = self._add_noise
+
+
+class SanitizerCanaries:
+    """Attach ``m`` canaries to a ``GradientSanitizer`` of a part sampled at ``sample_rate``
+    (the sanitiser calls ``before_noise`` and ``after_noise``). The canaries' directions are
+    mutually orthogonal (no cross-talk between canaries) and each is a worst-case change of
+    the clipped batch for the sanitiser's ``clip_geometry``:
+
+    - ``"whole"`` (one clip of the whole tensor, any two clipped tensors ≤ 2C apart): canary j
+      is 2C on its own coordinate of the flattened batch;
+    - ``"rows"`` (each row clipped, every row of one record's batch may move by 2C): canary j
+      is ±2C on its own coordinate c_j *in every row*, norm 2C·√B. With more canaries than
+      coordinates, canaries sharing a coordinate take different rows of a Hadamard matrix as
+      their signs (on the first P = 2^⌊log₂ B⌋ rows, norm 2C·√P), which keeps them orthogonal.
+    """
+
+    def __init__(self, sanitizer, m: int, sample_rate: float, seed: int):
+        if m < 2:
+            raise ValueError("need at least 2 canaries")
+        self.geometry = sanitizer.clip_geometry
+        if self.geometry not in ("rows", "whole"):
+            raise ValueError(f"unknown clip geometry {self.geometry!r}")
+        rng = np.random.default_rng([seed, 0x5A17])
+        self.included = rng.random(m) < 0.5
+        self.sample_rate = float(sample_rate)
+        self.shift = 2.0 * float(sanitizer.max_norm)  # the per-row (rows) or total (whole) change
+        self.scores = np.zeros(m)
+        self.steps = 0
+        self._rng = rng
+        self._gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        self._shape: tuple[int, ...] | None = None
+        self._sanitizer = sanitizer
+        sanitizer.canaries = self
+
+    def _layout(self, like: torch.Tensor) -> None:
+        m = len(self.included)
+        if self._shape is not None:
+            if tuple(like.shape) != self._shape:
+                raise ValueError(f"the sanitised batch changed shape ({self._shape} → {tuple(like.shape)}): "
+                                 "the canaries need a fixed batch")
+            return
+        self._shape = tuple(like.shape)
+        if self.geometry == "whole":
+            if m > like.numel():
+                raise ValueError(f"{m} canaries need as many coordinates; the batch has {like.numel()}")
+            self._coords = torch.as_tensor(self._rng.choice(like.numel(), size=m, replace=False))
+            return
+        rows, dim = like.shape[0], like[0].numel()
+        if m <= dim:  # one canary per coordinate, every row +2C: the full worst case
+            self._coords = torch.as_tensor(self._rng.choice(dim, size=m, replace=False))
+            self._signs = torch.ones(m, rows)
+            return
+        from scipy.linalg import hadamard
+
+        p = 1 << (rows.bit_length() - 1)  # rows of a Hadamard matrix on the first P rows
+        if m > dim * p:
+            raise ValueError(f"{m} orthogonal canaries need ≤ {dim * p} (= coordinates × {p} sign patterns)")
+        slots = self._rng.choice(dim * p, size=m, replace=False)
+        self._coords = torch.as_tensor(slots // p)
+        signs = torch.zeros(m, rows)
+        signs[:, :p] = torch.as_tensor(hadamard(p), dtype=torch.float32)[torch.as_tensor(slots % p)]
+        self._signs = signs
+
+    def before_noise(self, clipped: torch.Tensor) -> torch.Tensor:
+        self._layout(clipped)
+        sampled = torch.as_tensor(self.included) & (torch.rand(len(self.included), generator=self._gen)
+                                                    < self.sample_rate)
+        self._sign = _signs(len(self.included), self._gen)
+        w = (sampled.to(torch.float64) * self._sign * self.shift).to(clipped.dtype).to(clipped.device)
+        out = clipped.clone()
+        if self.geometry == "whole":
+            out.view(-1).index_add_(0, self._coords.to(out.device), w)
+        else:
+            flat = out.view(len(out), -1)  # (B, d): add Σ_j w_j · sign_j(row) at column c_j
+            flat.index_add_(1, self._coords.to(out.device), (self._signs.to(out.device) * w[:, None]).T.to(out.dtype))
+        return out
+
+    def after_noise(self, released: torch.Tensor) -> None:
+        """``released``: the clipped batch with the canaries and the noise, before any scale.
+        Score of canary j: ⟨its direction / 2C, released⟩."""
+        r = released.detach().double().cpu()
+        if self.geometry == "whole":
+            self.scores += (self._sign * r.reshape(-1)[self._coords]).numpy()
+        else:
+            cols = r.reshape(len(r), -1)[:, self._coords]  # (B, m)
+            self.scores += (self._sign * (self._signs.double() * cols.T).sum(1)).numpy()
+        self.steps += 1
+
+    def directions(self) -> torch.Tensor:
+        """Every canary's change of the clipped batch, (m, *batch shape) (for tests)."""
+        out = torch.zeros(len(self.included), *self._shape, dtype=torch.float64)
+        flat = out.view(len(out), -1) if self.geometry == "whole" else out.view(len(out), self._shape[0], -1)
+        for j in range(len(out)):
+            if self.geometry == "whole":
+                flat[j, self._coords[j]] = self.shift
+            else:
+                flat[j, :, self._coords[j]] = self._signs[j].double() * self.shift
+        return out
+
+    def detach(self) -> None:
+        self._sanitizer.canaries = None
+
+
+class GradientAudit:
+    """``m`` gradient canaries in every private part a run announces with
+    ``RunContext.watch(part, mechanism)``: a DP optimizer (``make_private`` announces each)
+    gets ``DiracCanaries``, a gradient sanitiser ``SanitizerCanaries``; each part its own
+    canaries (own coordinates or directions, own inclusion draw), so each part's bound is a
+    bound on that part alone."""
+
+    def __init__(self, m: int, seed: int):
+        self.m, self.seed = int(m), int(seed)
+        self.parts: dict[str, DiracCanaries | SanitizerCanaries] = {}
+
+    def watch(self, name: str, part, mechanism) -> None:
+        from .sanitizer import GradientSanitizer
+
+        if name in self.parts:
+            raise ValueError(f"part '{name}' was announced twice")
+        seed = self.seed * 7919 + len(self.parts)
+        if isinstance(mechanism, GradientSanitizer):
+            self.parts[name] = SanitizerCanaries(mechanism, self.m, part.sample_rate, seed)
+        elif hasattr(mechanism, "add_noise") and hasattr(mechanism, "max_grad_norm"):
+            self.parts[name] = DiracCanaries(mechanism, self.m, part.sample_rate, seed)
+        else:
+            raise TypeError(f"cannot place gradient canaries in {type(mechanism).__name__} (part '{name}')")

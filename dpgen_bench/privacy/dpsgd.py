@@ -87,6 +87,7 @@ def make_private(
         generator=noise_generator,
     )
     dp_opt.attach_step_hook(lambda _opt: ctx.spend(part))
+    ctx.watch(part, dp_opt)  # a white-box audit places its canaries in the optimizer's noise step
     return gsm, dp_opt
 
 

@@ -32,6 +32,10 @@ from torch import Tensor
 
 
 class GradientSanitizer:
+    # how far one record can move the clipped batch (privacy.canaries.SanitizerCanaries):
+    # every row by 2C (rows clipped one by one)
+    clip_geometry = "rows"
+
     def __init__(self, max_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
                  scale: float = 1.0, on_release: Callable[[], None] | None = None):
         if not max_norm > 0:
@@ -48,6 +52,9 @@ class GradientSanitizer:
         self.calls = 0
         self.last_clip_fraction = float("nan")  # share of rows whose norm exceeded C (diagnostics)
         self.last_mean_norm = float("nan")
+        # white-box audit (privacy.canaries.SanitizerCanaries): added to the clipped batch
+        # before the noise, scored on the released batch before ``scale``
+        self.canaries = None
 
     def clip(self, grad: Tensor) -> Tensor:
         """Rows (examples) scaled to norm ≤ C: g · min(1, C / ‖g‖)."""
@@ -68,7 +75,13 @@ class GradientSanitizer:
         """M(g) = scale · (clip(g, C) + N(0, σ²C²·I)), row-wise clipping."""
         self.calls += 1
         with torch.no_grad():
-            released = (self.clip(grad) + self.noise(grad)) * self.scale
+            clipped = self.clip(grad)
+            if self.canaries is not None:
+                clipped = self.canaries.before_noise(clipped)
+            released = clipped + self.noise(grad)
+            if self.canaries is not None:
+                self.canaries.after_noise(released)
+            released = released * self.scale
         if self.on_release is not None:
             self.on_release()
         return released
