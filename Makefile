@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch-fidelity imports torchvision.
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo demo-digits test test-all clean bench-dp bench-scaling claims
+.PHONY: install demo demo-digits test test-all clean bench-dp bench-scaling claims mutate
 
 install: $(STAMP)
 
@@ -37,11 +37,21 @@ demo-digits: install
 claims: install
 	$(BIN)/python benchmarks/claims.py --run --jobs 2
 
+# The suite on every core (pytest-xdist; tests/conftest.py gives each worker its share of the
+# cores as torch threads); TEST_JOBS=1 runs it in one process.
+TEST_JOBS ?= 2
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadgroup
 
 test-all: install
 	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+# Mutation testing of dpgen_bench/privacy/ against the privacy tests ([tool.mutmut] in
+# pyproject.toml); `mutmut results` lists the survivors, `mutmut show NAME` one of them.
+mutate: install
+	$(BIN)/python -m pip install -qq --disable-pip-version-check 'mutmut>=3.3'
+	$(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results
 
 bench-dp: install
 	$(BIN)/python benchmarks/dp_step.py --threads 1

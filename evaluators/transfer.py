@@ -46,7 +46,7 @@ from dpgen_bench.store import atomic_path, file_lock
 
 log = logging.getLogger("dpgen_bench")
 CLASSIFIER_CACHE = "classifiers"  # cache_dir kind of the real2gen CNNs
-CLASSIFIER_CACHE_VERSION = 1  # bump when the CNN or its training changes
+CLASSIFIER_CACHE_VERSION = 2  # bump when the CNN or its training changes (2: initial weights from the seed)
 
 
 class CNN(nn.Module):
@@ -83,6 +83,12 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed
     n_hold = max(1, int(len(x) * holdout))
     hold, fit = perm[:n_hold], perm[n_hold:]
     torch.manual_seed(seed)
+    # the initial weights come from the seed too, not from whatever the global generator held
+    # when the model was built (a run's fit consumes it): the same data and seed give the
+    # same classifier in every process, so a cached real CNN equals a fresh one
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     best, best_acc, best_epoch = copy.deepcopy(model.state_dict()), -1.0, 0
     for epoch in range(1, epochs + 1):

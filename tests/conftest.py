@@ -48,6 +48,18 @@ def warnings_seen():
     logger.removeHandler(h)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist every worker gets its share of the cores as torch threads, so that
+    two workers on two cores do not run four threads (``make test``: ``-n 2``)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(share)  # subprocesses too
+        torch.set_num_threads(share)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -14,6 +14,9 @@ from dpgen_bench import registry
 from dpgen_bench.cli import cli
 from dpgen_bench.data import load_dataset
 
+# its module fixture trains once per process: keep the file on one xdist worker
+pytestmark = pytest.mark.xdist_group("audit_cli")
+
 
 def test_canaries_are_unlike_real_records_and_half_included():
     data = load_dataset("digits", "test")

@@ -9,6 +9,9 @@ import pytest
 from dpgen_bench.cli import cli
 from dpgen_bench.errors import UserError
 
+# its module fixture trains once per process: keep the file on one xdist worker
+pytestmark = pytest.mark.xdist_group("cli_runs")
+
 
 def _run(cli_runner, *args):
     res = cli_runner.invoke(cli, list(args))

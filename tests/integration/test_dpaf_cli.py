@@ -7,6 +7,9 @@ import pytest
 
 from dpgen_bench.cli import cli
 
+# its module fixture trains once per process: keep the file on one xdist worker
+pytestmark = pytest.mark.xdist_group("dpaf_cli")
+
 
 @pytest.fixture(scope="module")
 def dpaf_runs(tmp_path_factory):

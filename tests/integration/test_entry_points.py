@@ -21,6 +21,9 @@ import pytest
 from dpgen_bench.errors import UserError
 from dpgen_bench.registry import Registry
 
+# its module fixtures build and install wheels once per process: keep the file on one xdist worker
+pytestmark = pytest.mark.xdist_group("entry_points")
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = "dpgb-plugin-demo"
 RIVAL = "dpgb-plugin-rival"

@@ -11,6 +11,9 @@ import torch
 
 from dpgen_bench.cli import cli
 
+# its module fixture trains once per process: keep the file on one xdist worker
+pytestmark = pytest.mark.xdist_group("gswgan_dpac_cli")
+
 METHODS = ("gswgan", "dpac")
 
 

@@ -198,3 +198,18 @@ def test_smallest_feasible_epsilon_is_feasible_and_one_percent_less_is_not():
     method.plan(Budget(smallest, 1e-5))
     with pytest.raises(BudgetTooLow):
         method.plan(Budget(smallest * 0.99, 1e-5))
+
+
+def test_memoised_rdp_is_opacus_own():
+    """The memo on Opacus' per-order RDP (dpgen_bench.privacy.accounting) returns exactly the
+    floats Opacus computes, for fractional and integer orders alike."""
+    import opacus.accountants.analysis.rdp as R
+
+    import dpgen_bench.privacy.accounting  # noqa: F401 - installs the memo
+
+    memo = R._compute_rdp
+    assert hasattr(memo, "cache_info")
+    for q, sigma in ((0.01, 1.1), (0.3, 7.5), (1.0, 2.0)):
+        for alpha in (1.5, 2, 12, 63.5, 256):
+            assert memo(q, sigma, alpha) == memo.__wrapped__(q, sigma, alpha)
+            assert memo(q, sigma, alpha) == memo.__wrapped__(q, sigma, alpha)  # a cache hit

@@ -80,3 +80,16 @@ def test_the_evaluator_records_the_cache_use(real):
     again = transfer.Real2GenCNN().evaluate(run)
     assert first["protocol"]["classifier_cache"] == "built" and again["protocol"]["classifier_cache"] == "hit"
     assert first["metrics"] == again["metrics"]
+
+
+def test_the_classifier_does_not_depend_on_the_global_generator(real):
+    """The same data and seed train the same CNN whatever the global generator held before
+    (a run's fit consumes it): a cached real CNN equals the one a fresh process would build."""
+    x, y, _ = real
+    models = []
+    for state in (0, 1):
+        torch.manual_seed(1000 + state)
+        torch.rand(7)
+        model, _ = transfer.train_classifier(transfer.CNN((1, 8, 8), 3), x, y, seed=4, epochs=2)
+        models.append(model.state_dict())
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
