@@ -141,9 +141,11 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
 
 
 def _dry_run(runner, cfg, data_root, probe_seconds) -> None:
+    from . import probe
+
     prepared = runner.prepare(cfg, data_root)
     plan = prepared.ledger.planned_report().to_json()
-    estimate = runner.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
+    estimate = probe.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
     click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate},
                           indent=2, default=str))
 
@@ -182,8 +184,8 @@ def _print_result(result: dict) -> None:
 def audit(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, canaries,
           white_box, confidence, members, evaluators, device, out, results):
     """Train one run with canaries and bound ε from below (one-run auditing); writes audit.json."""
-    from . import audit as audit_
-    from .audit import DEFAULT_CANARIES, DEFAULT_GRADIENT_CANARIES
+    from . import audit_run as audit_
+    from .audit_run import DEFAULT_CANARIES, DEFAULT_GRADIENT_CANARIES
 
     if not 0 < confidence < 1:
         raise UserError(f"--confidence must be in (0, 1), got {confidence:g}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -198,3 +200,26 @@ class TrainingContext(RunContext):
     def close(self) -> None:
         if self._train_log:
             self._train_log.close()
+
+
+class stop_on_signals:
+    """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
+
+    def __init__(self, ctx: TrainingContext):
+        self.ctx, self.old = ctx, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.ctx.stop_requested is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.ctx.stop_requested = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False

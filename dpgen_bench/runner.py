@@ -2,7 +2,9 @@
 record. Everything a user can get wrong is checked before the run directory exists.
 
 Public: ``prepare`` (validate and calibrate, no training), ``run`` (a new run),
-``resume`` (an interrupted one), ``reevaluate`` (a finished one), ``estimate_runtime``.
+``resume`` (an interrupted one), ``reevaluate`` (a finished one). Beside it, not the run:
+``probe.estimate_runtime`` (``--dry-run``'s timing), ``context.stop_on_signals`` (SIGINT /
+SIGTERM during fit), ``grid.save_grid`` (grid.png).
 ``dpgen_bench.run`` / ``dpgen_bench.evaluate`` are the notebook entry points over them."""
 
 from __future__ import annotations
@@ -11,9 +13,7 @@ import dataclasses
 import logging
 import math
 import random
-import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from . import registry, store
+from .grid import save_grid
 from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
 from .config import RunConfig
-from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext
+from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext, stop_on_signals
 from .data import load_dataset
 from .data.files import MissingDataFiles
 from .data.files import data_root as data_root_of
@@ -363,7 +364,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         seed_everything(cfg.seed)
         ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state, audit=audit)
         try:
-            with _stop_on_signals(ctx):
+            with stop_on_signals(ctx):
                 p.method.fit(p.data.train, p.budget, ctx)
         finally:
             ctx.close()
@@ -446,108 +447,6 @@ def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | N
     p = prepare(cfg, data_root)
     _announce(p, run_dir)
     return {"run_dir": str(run_dir), **execute(p, run_dir, resume=True)}
-
-
-class _ProbeDone(Exception):
-    """Raised inside ``fit`` by the probe's progress bars when the probe time is up."""
-
-
-class _ProbeBar:
-    """A progress bar that times its own updates (for the run-time estimate)."""
-
-    def __init__(self, probe: "_ProbeContext", total: int, desc: str):
-        self.probe, self.total, self.desc, self.n = probe, int(total), desc, 0
-        self.t_first: float | None = None  # time of the first update (set-up excluded)
-        self.t_last: float | None = None
-        self.n_first = 0
-        probe.bars.append(self)
-
-    def update(self, n: int = 1) -> None:
-        if self.probe.device.type == "cuda":  # count the queued kernels, not just their launch
-            torch.cuda.synchronize(self.probe.device)
-        now = time.time()
-        if self.t_first is None:  # the first update may be a resume offset or one slow warm-up step
-            self.t_first, self.n_first = now, self.n + n
-        self.n += n
-        self.t_last = now
-        if now - self.probe.t0 >= self.probe.seconds and self.n - self.n_first >= 3:
-            raise _ProbeDone
-
-    def close(self) -> None:
-        return None
-
-    def set_postfix(self, *a, **k) -> None:
-        return None
-
-
-class _ProbeContext(TrainingContext):
-    def __init__(self, device, seed, ledger, seconds: float):
-        super().__init__(device, seed, ledger)
-        self.seconds, self.t0, self.bars = seconds, time.time(), []
-
-    def progress(self, total: int, desc: str):
-        return _ProbeBar(self, total, desc)
-
-
-def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
-    """Time the first training steps of ``p``'s method for about ``seconds`` (on the run's
-    device, with the run's data, writing nothing) and extrapolate each progress phase the
-    method opened to its total. Phases the probe did not reach are not in the sum, which is
-    then a lower bound (``complete`` false). Evaluators are not included. The probe's
-    steps are not left in ``p.ledger``; ``p.method`` is trained a little (build a new
-    ``Prepared`` to train for real)."""
-    taken = dict(p.ledger.taken)
-    ctx = _ProbeContext(p.device, p.config.seed, p.ledger, seconds)
-    seed_everything(p.config.seed)
-    t0 = time.time()
-    finished = False
-    try:
-        p.method.fit(p.data.train, p.budget, ctx)
-        finished = True
-    except _ProbeDone:
-        pass
-    finally:
-        p.ledger.taken = taken
-    wall = time.time() - t0
-    phases, total, setup = [], 0.0, 0.0
-    for b in ctx.bars:
-        steps = b.n - b.n_first
-        rate = (b.t_last - b.t_first) / steps if steps > 0 and b.t_first is not None else None
-        est = rate * b.total if rate is not None else None
-        phases.append({"phase": b.desc, "steps": b.total, "timed_steps": steps,
-                       "seconds_per_step": rate, "estimated_seconds": est})
-        total += est or 0.0
-    if ctx.bars and ctx.bars[0].t_first is not None:
-        setup = ctx.bars[0].t_first - t0  # data to device, network construction, the first step
-    # rounded up to 0.1 s, so that the total is never below a phase's own estimate
-    return {"device": str(p.device), "probe_seconds": round(wall, 2), "setup_seconds": round(setup, 2),
-            "phases": phases, "estimated_fit_seconds": math.ceil((setup + total) * 10) / 10, "complete": finished,
-            "note": "training only (evaluators excluded); extrapolated from the first steps of each phase "
-                    "reached; complete is false when the probe stopped before training ended: phases the method "
-                    "opens later (if it has any) are missing and the figure is a lower bound"}
-
-
-class _stop_on_signals:
-    """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
-
-    def __init__(self, ctx: TrainingContext):
-        self.ctx, self.old = ctx, {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.old[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.ctx.stop_requested is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.ctx.stop_requested = signum
-
-    def __exit__(self, *exc):
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
-        return False
 
 
 def check_privacy(report: PrivacyReport) -> None:
@@ -639,32 +538,3 @@ def _read_eval(run_dir: Path) -> dict[str, Any]:
             old.get("protocol", {}), dict):
         raise UserError(f"{path} is not an evaluation record (an object with 'metrics' and 'protocol')")
     return {"metrics": {}, "protocol": {}, **old}
-
-
-def save_grid(images: torch.Tensor, labels: torch.Tensor, class_names, path: Path, per_class: int = 10) -> None:
-    """A labelled grid: one row per class, ``per_class`` samples each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from torchvision.utils import make_grid
-
-    rows, names = [], []
-    for c, name in enumerate(class_names):
-        sel = images[labels == c][:per_class]
-        if len(sel):
-            pad = per_class - len(sel)
-            if pad:
-                sel = torch.cat([sel, -torch.ones(pad, *sel.shape[1:])])
-            rows.append(sel)
-            names.append(name)
-    grid = make_grid(torch.cat(rows), nrow=per_class, normalize=True, value_range=(-1, 1), padding=2)
-    fig, ax = plt.subplots(figsize=(per_class * 0.6 + 1, len(rows) * 0.6 + 0.3))
-    ax.imshow(grid.permute(1, 2, 0).numpy(), interpolation="nearest")
-    step = grid.shape[1] / len(rows)
-    ax.set_yticks([step * (i + 0.5) for i in range(len(rows))], names)
-    ax.set_xticks([])
-    fig.tight_layout()
-    with store.atomic_open(path) as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)

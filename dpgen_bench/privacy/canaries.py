@@ -19,7 +19,8 @@ record's gradient may change from step to step; its norm is still C), and its sc
 drift in one direction for hundreds of steps (a GAN discriminator's), and an unsigned sum
 adds that drift to every canary's score (σ/4 went unnoticed on dpgan's D without them,
 AUC 0.53); signed, it averages out. The parameters are a post-processing of the ``s_t``,
-so an adversary of the DP guarantee may see every one of them. Scores go to ``privacy.audit.best_one_run_bound``.
+so an adversary of the DP guarantee may see every one of them. Scores go to
+``privacy.audit_bounds.best_one_run_bound``.
 
 The real examples' gradients on the canaries' coordinates act as extra noise on the scores
 (they make the bound smaller, never unsound): with the signs, their variance Σ_t r_t[i]²

@@ -97,6 +97,14 @@ def test_evaluators_use_only_public_harness_names(graph):
                 assert not (name or "").startswith("_"), f"{mod} imports the private {target}.{name}"
 
 
+def test_the_harness_never_imports_an_evaluator_or_a_method(graph):
+    """dpgen_bench is the floor: evaluators and methods build on it, and reach it only through
+    the registry (the audit's GAN-Leaks distances live in dpgen_bench.attacks for this)."""
+    up = [f"{mod} → {target}" for mod, deps in graph.items() if mod.startswith("dpgen_bench")
+          for target, _ in deps if target.split(".")[0] in ("evaluators", "methods")]
+    assert up == []
+
+
 def test_no_module_imports_private_names_of_another(graph):
     bad = [f"{mod} → {target}.{name}" for mod, deps in graph.items() for target, name in deps
            if name and name.startswith("_") and not name.startswith("__") and target != mod]

@@ -1,4 +1,4 @@
-"""The statistics of an empirical privacy audit (dpgen_bench.privacy.audit): one-run bounds
+"""The statistics of an empirical privacy audit (dpgen_bench.privacy.audit_bounds): one-run bounds
 (Steinke, Nasr, Jagielski 2023), Clopper-Pearson, and the ROC bound; checked against direct
 binomial computations and against simulated mechanisms of known (ε, δ)."""
 
@@ -11,7 +11,7 @@ import pytest
 from scipy import optimize, stats
 from scipy.special import expit
 
-from dpgen_bench.privacy.audit import (
+from dpgen_bench.privacy.audit_bounds import (
     best_one_run_bound,
     clopper_pearson,
     one_run_epsilon_lower_bound,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpgen_bench import runner
-from dpgen_bench.audit import per_attack_confidence
+from dpgen_bench.audit_run import per_attack_confidence
 from dpgen_bench.config import build_config
 from dpgen_bench.data import load_dataset
 from dpgen_bench.report import table as T

@@ -66,7 +66,7 @@ def test_latent_attacks_run_and_reconstruct(member_data, name):
 
 
 def test_white_box_lowers_the_distance_and_leaves_weights_alone(member_data):
-    from evaluators.mia import _best_start, white_box_distance
+    from dpgen_bench.attacks import _best_start, white_box_distance
 
     info = DataInfo("digits", member_data.image_shape, 10, len(member_data.train))
     m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8), info)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from dpgen_bench.privacy.accounting import calibrate_noise
-from dpgen_bench.privacy.audit import best_one_run_bound
+from dpgen_bench.privacy.audit_bounds import best_one_run_bound
 from dpgen_bench.privacy.canaries import DiracCanaries
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_backward
 from fake_context import PartContext

@@ -1,4 +1,7 @@
-"""``bench audit``: a measured lower bound on ε beside the accountant's, from one training run.
+"""``bench audit``'s flow: train one run with canaries, score them, write ``audit.json`` with a
+measured lower bound on ε beside the accountant's (the bound's statistics are in
+``privacy.audit_bounds``, the white-box canaries in ``privacy.canaries``, the GAN-Leaks
+distances in ``attacks``).
 
 One-run auditing (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run",
 NeurIPS 2023): ``m`` canaries (``ImageData.with_canaries``: images of the whole training
@@ -7,7 +10,7 @@ and unlike each other) each enter the training split independently with probabil
 (under ``--members N``: beside the N members); the run trains, samples and records as
 ``bench run`` does; then every canary is scored by each attack, and the number of correct
 in/out guesses among the highest and lowest scores becomes an ε lower bound at ``confidence``
-(``privacy.audit.best_one_run_bound``: the paper's theorem with δ, a union bound over the
+(``privacy.audit_bounds.best_one_run_bound``: the paper's theorem with δ, a union bound over the
 (k₊, k₋) grid).
 
 Scores use only what the DP guarantee covers (the adversary of the theorem sees the
@@ -51,9 +54,10 @@ from sklearn.metrics import roc_auc_score
 
 from . import runner, store
 from .api import Method, Split
+from .attacks import full_black_box_distance, white_box_distance
 from .config import RunConfig
 from .errors import PrivacyViolation, UserError
-from .privacy.audit import best_one_run_bound
+from .privacy.audit_bounds import best_one_run_bound
 
 log = logging.getLogger("dpgen_bench")
 
@@ -65,8 +69,6 @@ WHITE_BOX = dict(restarts=4, steps=50, lam=0.2)  # GAN-Leaks latent optimisation
 
 def score_canaries(method: Method, canaries: Split, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """{attack: one score per canary (higher: "included")}, {attack: the output it reads}."""
-    from evaluators.mia import full_black_box_distance, white_box_distance
-
     x, y = canaries.images.cpu(), canaries.labels.cpu()
     k = method.info.num_classes
     scores = {"black_box": -full_black_box_distance(method, x, y, BLACK_BOX_SAMPLES, k, seed)}

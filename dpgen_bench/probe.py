@@ -1,0 +1,92 @@
+"""``bench run --dry-run``'s run-time estimate: time the first training steps of a prepared
+run and extrapolate each progress phase to its total (nothing written)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from .context import TrainingContext
+from .runner import Prepared, seed_everything
+
+
+class _ProbeDone(Exception):
+    """Raised inside ``fit`` by the probe's progress bars when the probe time is up."""
+
+
+class _ProbeBar:
+    """A progress bar that times its own updates (for the run-time estimate)."""
+
+    def __init__(self, probe: "_ProbeContext", total: int, desc: str):
+        self.probe, self.total, self.desc, self.n = probe, int(total), desc, 0
+        self.t_first: float | None = None  # time of the first update (set-up excluded)
+        self.t_last: float | None = None
+        self.n_first = 0
+        probe.bars.append(self)
+
+    def update(self, n: int = 1) -> None:
+        if self.probe.device.type == "cuda":  # count the queued kernels, not just their launch
+            torch.cuda.synchronize(self.probe.device)
+        now = time.time()
+        if self.t_first is None:  # the first update may be a resume offset or one slow warm-up step
+            self.t_first, self.n_first = now, self.n + n
+        self.n += n
+        self.t_last = now
+        if now - self.probe.t0 >= self.probe.seconds and self.n - self.n_first >= 3:
+            raise _ProbeDone
+
+    def close(self) -> None:
+        return None
+
+    def set_postfix(self, *a, **k) -> None:
+        return None
+
+
+class _ProbeContext(TrainingContext):
+    def __init__(self, device, seed, ledger, seconds: float):
+        super().__init__(device, seed, ledger)
+        self.seconds, self.t0, self.bars = seconds, time.time(), []
+
+    def progress(self, total: int, desc: str):
+        return _ProbeBar(self, total, desc)
+
+
+def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
+    """Time the first training steps of ``p``'s method for about ``seconds`` (on the run's
+    device, with the run's data, writing nothing) and extrapolate each progress phase the
+    method opened to its total. Phases the probe did not reach are not in the sum, which is
+    then a lower bound (``complete`` false). Evaluators are not included. The probe's
+    steps are not left in ``p.ledger``; ``p.method`` is trained a little (build a new
+    ``Prepared`` to train for real)."""
+    taken = dict(p.ledger.taken)
+    ctx = _ProbeContext(p.device, p.config.seed, p.ledger, seconds)
+    seed_everything(p.config.seed)
+    t0 = time.time()
+    finished = False
+    try:
+        p.method.fit(p.data.train, p.budget, ctx)
+        finished = True
+    except _ProbeDone:
+        pass
+    finally:
+        p.ledger.taken = taken
+    wall = time.time() - t0
+    phases, total, setup = [], 0.0, 0.0
+    for b in ctx.bars:
+        steps = b.n - b.n_first
+        rate = (b.t_last - b.t_first) / steps if steps > 0 and b.t_first is not None else None
+        est = rate * b.total if rate is not None else None
+        phases.append({"phase": b.desc, "steps": b.total, "timed_steps": steps,
+                       "seconds_per_step": rate, "estimated_seconds": est})
+        total += est or 0.0
+    if ctx.bars and ctx.bars[0].t_first is not None:
+        setup = ctx.bars[0].t_first - t0  # data to device, network construction, the first step
+    # rounded up to 0.1 s, so that the total is never below a phase's own estimate
+    return {"device": str(p.device), "probe_seconds": round(wall, 2), "setup_seconds": round(setup, 2),
+            "phases": phases, "estimated_fit_seconds": math.ceil((setup + total) * 10) / 10, "complete": finished,
+            "note": "training only (evaluators excluded); extrapolated from the first steps of each phase "
+                    "reached; complete is false when the probe stopped before training ended: phases the method "
+                    "opens later (if it has any) are missing and the figure is a lower bound"}
