@@ -184,7 +184,8 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
     eps = "∞" if not math.isfinite(c.epsilon) else f"{c.epsilon:g}"
     head = next(iter(out["metrics"].items()), None)
     metric = f"{head[0]}={head[1]:.4f}" if head else "no metric"
-    return f"done {c.method} {c.dataset} ε={eps} seed={c.seed} in {out['seconds']:.1f}s: {metric}"
+    node = f" on node {out['node'][:12]}" if out.get("node") else ""
+    return f"done {c.method} {c.dataset} ε={eps} seed={c.seed} in {out['seconds']:.1f}s{node}: {metric}"
 
 
 def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,
@@ -248,6 +249,13 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
     return counts
 
 
+def _ray_cell(*args) -> dict[str, Any]:
+    """``run_cell`` on a Ray worker, with the id of the node that ran it."""
+    import ray
+
+    return {**run_cell(*args), "node": ray.get_runtime_context().get_node_id()}
+
+
 def _run_ray(args, address, data_root, finished) -> None:
     try:
         import ray
@@ -255,7 +263,9 @@ def _run_ray(args, address, data_root, finished) -> None:
         raise UserError("--engine ray needs Ray: pip install -e '.[ray]'") from None
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     gpu = torch.cuda.is_available() or bool(ray.cluster_resources().get("GPU"))
-    remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(run_cell)
+    # SPREAD: cells go to every node of the cluster, not first to fill the driver's node; a
+    # CPU cell runs on one torch thread, its num_cpus
+    remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, scheduling_strategy="SPREAD")(_ray_cell)
     refs = {remote.remote(cfg, d, data_root, None if gpu else 1, r): cell for cell, cfg, d, r in args}
     pending = list(refs)
     while pending:

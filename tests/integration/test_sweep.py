@@ -57,7 +57,7 @@ def test_sweep_grid_file(cli_runner, results, tmp_path):
     assert res.exit_code == 2 and "unknown keys ['methods']" in res.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
 def test_sweep_on_local_ray(cli_runner, results):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
