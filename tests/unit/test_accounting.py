@@ -232,3 +232,31 @@ def test_gaussian_releases_split_one_calibrated_noise_by_share():
     assert means.noise_multiplier == pytest.approx(sigma / math.sqrt(0.75), rel=1e-6)
     composed = compose_rdp(parts, delta)
     assert compose_rdp([PrivacyPart("one", sigma, 1.0, 1)], delta) * (1 - 1e-3) <= composed <= eps
+
+
+@pytest.mark.parametrize("mechanism", ["subsampled_gaussian", "subsampled_gaussian_wor"])
+def test_steps_for_budget_is_the_largest_count_within_the_target(mechanism):
+    """Train-until-spent (found by make mutate: returning 1 when not even one step fits, the
+    WOR margin dropped, or an off-by-one at max_steps all passed): T steps fit, T + 1 do not,
+    for WOR within the calibration margin; 0 when one step is already too many; max_steps caps
+    it exactly."""
+    from dpgen_bench.privacy.accounting import WOR, _WOR_MARGIN
+
+    eps, delta, q, sigma = 3.0, 1e-5, 0.05, 1.2
+    aim = eps * (1 - _WOR_MARGIN) if mechanism == WOR else eps
+
+    def spent(t):
+        return compose_rdp([PrivacyPart("p", sigma, q, t, mechanism=mechanism)], delta)
+
+    t = steps_for_budget(epsilon=eps, delta=delta, sample_rate=q, noise_multiplier=sigma, mechanism=mechanism)
+    assert t > 1 and spent(t) <= aim < spent(t + 1)
+    assert steps_for_budget(epsilon=eps, delta=delta, sample_rate=q, noise_multiplier=sigma, mechanism=mechanism,
+                            max_steps=t - 1) == t - 1
+    assert steps_for_budget(epsilon=eps, delta=delta, sample_rate=q, noise_multiplier=sigma, mechanism=mechanism,
+                            max_steps=t) == t
+    one = spent(1)
+    assert steps_for_budget(epsilon=one * 0.99, delta=delta, sample_rate=q, noise_multiplier=sigma,
+                            mechanism=mechanism) == 0
+    # exactly one step fits
+    assert steps_for_budget(epsilon=(one + spent(2)) / 2 / (1 - _WOR_MARGIN), delta=delta, sample_rate=q,
+                            noise_multiplier=sigma, mechanism=mechanism) == 1
