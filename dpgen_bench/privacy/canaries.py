@@ -48,6 +48,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 
 def _signs(m: int, gen: torch.Generator) -> torch.Tensor:
     """This step's sign of each canary (±1, fair, fresh every step; float64)."""
@@ -63,7 +65,8 @@ class DiracCanaries:
         sizes = [p.numel() for p in params]
         total = sum(sizes)
         if not 2 <= m <= total:
-            raise ValueError(f"{m} Dirac canaries need as many distinct coordinates; the part has {total}")
+            raise UserError(f"--canaries {m}: Dirac canaries need as many distinct coordinates, and this part has "
+                            f"{total} parameters; use --canaries ≤ {total}")
         rng = np.random.default_rng([seed, 0xD1AC])
         coords = np.sort(rng.choice(total, size=m, replace=False))
         self.included = rng.random(m) < 0.5
@@ -142,7 +145,8 @@ class SanitizerCanaries:
         self._shape = tuple(like.shape)
         if self.geometry == "whole":
             if m > like.numel():
-                raise ValueError(f"{m} canaries need as many coordinates; the batch has {like.numel()}")
+                raise UserError(f"--canaries {m}: the sanitised batch has {like.numel()} coordinates; use "
+                                f"--canaries ≤ {like.numel()}")
             self._coords = torch.as_tensor(self._rng.choice(like.numel(), size=m, replace=False))
             return
         rows, dim = like.shape[0], like[0].numel()
@@ -154,7 +158,8 @@ class SanitizerCanaries:
 
         p = 1 << (rows.bit_length() - 1)  # rows of a Hadamard matrix on the first P rows
         if m > dim * p:
-            raise ValueError(f"{m} orthogonal canaries need ≤ {dim * p} (= coordinates × {p} sign patterns)")
+            raise UserError(f"--canaries {m}: at most {dim * p} orthogonal canaries fit this sanitised batch "
+                            f"({dim} coordinates × {p} sign patterns); use --canaries ≤ {dim * p}")
         slots = self._rng.choice(dim * p, size=m, replace=False)
         self._coords = torch.as_tensor(slots // p)
         signs = torch.zeros(m, rows)

@@ -85,3 +85,9 @@ def test_white_box_audit_refusals(tmp_path):
             assert res.exit_code == 2
             continue
         assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+
+
+def test_more_canaries_than_a_part_can_hold_is_one_line(tmp_path):
+    res = CliRunner().invoke(cli, ["audit", "-m", "dpgan", "--preset", "tiny", "--eps", "1", "--white-box",
+                                   "--canaries", "10000000", "--device", "cpu", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "use --canaries ≤" in res.output and "Traceback" not in res.output, res.output

@@ -62,7 +62,9 @@ def test_canaries_are_distinct_coordinates_half_included_and_detach():
     original = opt.add_noise
     c = DiracCanaries(opt, 100, 0.5, seed=3)
     assert sum(len(pos) for _, pos, _ in c._blocks) == 100 and 30 < c.included.sum() < 70
-    with pytest.raises(ValueError, match="distinct coordinates"):
+    from dpgen_bench.errors import UserError
+
+    with pytest.raises(UserError, match="distinct coordinates"):
         DiracCanaries(opt, 111, 0.5, seed=3)
     c.detach()
     assert opt.add_noise == original
