@@ -51,6 +51,11 @@ import torch
 from ..errors import UserError
 
 
+def _sampled(included: np.ndarray, rate: float, gen: torch.Generator) -> torch.Tensor:
+    """This step's sampled canaries: included in the run, then Poisson at the part's rate."""
+    return torch.as_tensor(included) & (torch.rand(len(included), generator=gen) < rate)
+
+
 def _signs(m: int, gen: torch.Generator) -> torch.Tensor:
     """This step's sign of each canary (±1, fair, fresh every step; float64)."""
     return torch.randint(0, 2, (m,), generator=gen).to(torch.float64) * 2 - 1
@@ -88,8 +93,7 @@ class DiracCanaries:
         dp_opt.add_noise = self._add_noise_with_canaries
 
     def _add_noise_with_canaries(self) -> None:
-        sampled = torch.as_tensor(self.included) & (torch.rand(len(self.included), generator=self._gen)
-                                                    < self.sample_rate)
+        sampled = _sampled(self.included, self.sample_rate, self._gen)
         sign = _signs(len(self.included), self._gen)
         for p, pos, idx in self._blocks:
             add = (sampled[idx].to(torch.float64) * sign[idx] * self.clip).to(p.summed_grad.dtype).to(p.device)
@@ -152,7 +156,7 @@ class SanitizerCanaries:
         rows, dim = like.shape[0], like[0].numel()
         if m <= dim:  # one canary per coordinate, every row +2C: the full worst case
             self._coords = torch.as_tensor(self._rng.choice(dim, size=m, replace=False))
-            self._signs = torch.ones(m, rows)
+            self._row_signs = torch.ones(m, rows)
             return
         from scipy.linalg import hadamard
 
@@ -164,12 +168,11 @@ class SanitizerCanaries:
         self._coords = torch.as_tensor(slots // p)
         signs = torch.zeros(m, rows)
         signs[:, :p] = torch.as_tensor(hadamard(p), dtype=torch.float32)[torch.as_tensor(slots % p)]
-        self._signs = signs
+        self._row_signs = signs
 
     def before_noise(self, clipped: torch.Tensor) -> torch.Tensor:
         self._layout(clipped)
-        sampled = torch.as_tensor(self.included) & (torch.rand(len(self.included), generator=self._gen)
-                                                    < self.sample_rate)
+        sampled = _sampled(self.included, self.sample_rate, self._gen)
         self._sign = _signs(len(self.included), self._gen)
         w = (sampled.to(torch.float64) * self._sign * self.shift).to(clipped.dtype).to(clipped.device)
         out = clipped.clone()
@@ -177,7 +180,7 @@ class SanitizerCanaries:
             out.view(-1).index_add_(0, self._coords.to(out.device), w)
         else:
             flat = out.view(len(out), -1)  # (B, d): add Σ_j w_j · sign_j(row) at column c_j
-            flat.index_add_(1, self._coords.to(out.device), (self._signs.to(out.device) * w[:, None]).T.to(out.dtype))
+            flat.index_add_(1, self._coords.to(out.device), (self._row_signs.to(out.device) * w[:, None]).T.to(out.dtype))
         return out
 
     def after_noise(self, released: torch.Tensor) -> None:
@@ -188,7 +191,7 @@ class SanitizerCanaries:
             self.scores += (self._sign * r.reshape(-1)[self._coords]).numpy()
         else:
             cols = r.reshape(len(r), -1)[:, self._coords]  # (B, m)
-            self.scores += (self._sign * (self._signs.double() * cols.T).sum(1)).numpy()
+            self.scores += (self._sign * (self._row_signs.double() * cols.T).sum(1)).numpy()
         self.steps += 1
 
     def directions(self) -> torch.Tensor:
@@ -199,7 +202,7 @@ class SanitizerCanaries:
             if self.geometry == "whole":
                 flat[j, self._coords[j]] = self.shift
             else:
-                flat[j, :, self._coords[j]] = self._signs[j].double() * self.shift
+                flat[j, :, self._coords[j]] = self._row_signs[j].double() * self.shift
         return out
 
     def detach(self) -> None:
