@@ -142,9 +142,10 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     (the canaries are gradients, not records of the data, so N and the plan are the run's
     own). One bound per part, each at 1 − β/A over the A parts; each is a lower bound on that
     part's ε alone, which is at most the run's composed ε, so a part's bound above the
-    accountant's ε of the whole run is a violation. Parts the method did not announce (a
-    release without an optimizer or sanitiser: DPAF's DPAGG, dpmean's and dpmerf's sums) are
-    listed as not observed."""
+    accountant's ε of the whole run is a violation. Parts the method did not announce (DPAF's
+    DPAGG) and one-coordinate releases (a count) are listed as not observed; a release with
+    fewer coordinates than canaries gets one canary per coordinate ("count" in
+    ``parts_observed``)."""
     from .privacy.canaries import GradientAudit
 
     if not config.gradient_canaries:
@@ -161,14 +162,19 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     if not gradient_audit.parts:
         raise UserError(f"method '{config.method}' announced no private part (RunContext.watch): nothing to audit "
                         "white-box; use bench audit without --white-box")
-    per_attack = per_attack_confidence(confidence, len(gradient_audit.parts))
+    watched = {name: c for name, c in gradient_audit.parts.items() if not getattr(c, "too_small", False)}
+    if not watched:
+        raise UserError(f"method '{config.method}' has no private part large enough for canaries (one coordinate "
+                        "each): nothing to audit white-box; use bench audit without --white-box")
+    per_attack = per_attack_confidence(confidence, len(watched))
     attacks, observed = {}, {}
-    for name, canaries in gradient_audit.parts.items():
+    for name, canaries in watched.items():
         bound = best_one_run_bound(canaries.scores, canaries.included, delta=p.budget.delta, confidence=per_attack)
         bound["auc"] = float(roc_auc_score(canaries.included, canaries.scores))
         bound["releases"] = canaries.steps
         attacks[f"white_box_grad_{name}"] = bound
-        observed[name] = {"canaries": type(canaries).__name__, "releases": canaries.steps,
+        observed[name] = {"canaries": type(canaries).__name__, "count": len(canaries.included),
+                          "releases": canaries.steps,
                           "sample_rate": canaries.sample_rate,
                           "noise_multiplier": planned[name].noise_multiplier if name in planned else None}
     eps = record["privacy"]["epsilon"]
@@ -177,12 +183,13 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     audit = {
         "method": config.method, "dataset": config.dataset, "seed": config.seed, "mode": "white_box",
         "canaries": config.gradient_canaries,
-        "canary_kind": "gradients inside each private part's release: Dirac (C·e_i) in a DP optimizer, "
-                       "worst-case random directions in a sanitiser; included w.p. 1/2, sampled at the part's rate",
+        "canary_kind": "inside each private part's release: Dirac (±C·e_i) in a DP optimizer, orthogonal "
+                       "worst-case changes of the clipped batch in a sanitiser, Δ·e_i in a one-shot sum; "
+                       "included w.p. 1/2, sampled at the part's rate",
         "confidence": confidence, "confidence_per_attack": per_attack, "delta": p.budget.delta,
         "epsilon_accountant": {"rdp": eps_rdp, "prv": float(eps["prv"])},
         "attacks": attacks, "parts_observed": observed,
-        "parts_not_observed": sorted(set(planned) - set(gradient_audit.parts)),
+        "parts_not_observed": sorted(set(planned) - set(watched)),
         "violation": violations, "timings": {"run": time.time() - t0},
     }
     store.write_json(Path(run_dir) / store.AUDIT_FILE, audit)

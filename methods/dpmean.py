@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.privacy.accounting import gaussian_releases
+from dpgen_bench.privacy.release import GaussianRelease
 
 SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
 
@@ -93,17 +94,13 @@ class DPMean(Method):
         x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))  # ‖x'ᵢ‖ ≤ clip
         onehot = F.one_hot(train.labels.to(dev), self.info.num_classes).to(x.dtype)
 
-        def release(part: str, value: torch.Tensor, sensitivity: float) -> torch.Tensor:
-            ctx.spend(part)  # counted before the release is used
-            std = ctx.part(part).noise_multiplier * sensitivity
-            return value + std * torch.randn(value.shape, generator=gen, device=dev)
-
-        sums = release(SUMS, onehot.T @ x, h.clip)
-        counts = release(COUNTS, onehot.sum(0), 1.0).clamp(min=1.0)[:, None]
+        # each release counts itself in the ledger before its noise is drawn (privacy.release)
+        sums = GaussianRelease(ctx, SUMS, h.clip, gen)(onehot.T @ x)
+        counts = GaussianRelease(ctx, COUNTS, 1.0, gen)(onehot.sum(0)).clamp(min=1.0)[:, None]
         mean = (sums / counts).clamp(0, 1)
         std = torch.full_like(mean, h.min_std)
         if h.variance:
-            squares = release(SQUARES, onehot.T @ (x * x), h.clip)
+            squares = GaussianRelease(ctx, SQUARES, h.clip, gen)(onehot.T @ (x * x))
             std = (squares / counts - mean ** 2).clamp(min=h.min_std ** 2).sqrt()
         shape = (self.info.num_classes, *self.info.image_shape)
         self.mean, self.std = mean.view(shape).cpu(), std.view(shape).cpu()

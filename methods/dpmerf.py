@@ -37,6 +37,7 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy.accounting import gaussian_releases
+from dpgen_bench.privacy.release import GaussianRelease
 
 SUM, COUNT = "embedding_sum", "count"
 
@@ -130,11 +131,10 @@ class DPMERF(Method):
         for i in range(0, len(x), 4096):  # bounded memory: n × D features are never held at once
             phi_sum += label_embedding(random_features(x[i:i + 4096], self.freqs), labels[i:i + 4096], k)
 
-        def gaussian(part: str, value: torch.Tensor) -> torch.Tensor:  # sensitivity 1 for both
-            ctx.spend(part)  # counted before the release is used
-            return value + ctx.part(part).noise_multiplier * torch.randn(value.shape, generator=noise, device=dev)
-
-        return gaussian(SUM, phi_sum), gaussian(COUNT, torch.tensor(float(len(x)), device=dev))
+        # sensitivity 1 for both (‖φ(x)‖ = 1, one row per class); each release counts itself in
+        # the ledger before its noise is drawn (privacy.release)
+        return (GaussianRelease(ctx, SUM, 1.0, noise)(phi_sum),
+                GaussianRelease(ctx, COUNT, 1.0, noise)(torch.tensor(float(len(x)), device=dev)))
 
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, dev, k = self.hparams, ctx.device, self.info.num_classes

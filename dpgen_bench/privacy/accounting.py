@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as _opacus_rdp
-from opacus.accountants.analysis.rdp import compute_rdp
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from opacus.accountants.utils import get_noise_multiplier
 from scipy.special import gammaln, logsumexp
 
@@ -55,8 +55,10 @@ if not hasattr(_opacus_rdp._compute_rdp, "cache_info"):
     _opacus_rdp._compute_rdp = functools.lru_cache(maxsize=1 << 18)(_opacus_rdp._compute_rdp)
 
 POISSON = "subsampled_gaussian"
-WOR = "subsampled_gaussian_wor"
-MECHANISMS = (POISSON, WOR)
+WOR = "subsampled_gaussian_wor"  # Theorem 9 of Wang et al. (generic): GS-WGAN's own accounting, paper mode
+WOR_GAUSSIAN = "subsampled_gaussian_wor_t27"  # Theorem 27 (Gaussian-specific): GS-WGAN / DPAC sound mode
+MECHANISMS = (POISSON, WOR, WOR_GAUSSIAN)
+WOR_MECHANISMS = (WOR, WOR_GAUSSIAN)
 # autodp's continuous order search lands within ~1e-6 (relative) of our integer-order ε,
 # above or below: WOR calibration aims this far under the target so that autodp's ε of the
 # part we print is ≤ the target too.
@@ -64,29 +66,88 @@ _WOR_MARGIN = 1e-4
 MAX_NOISE_MULTIPLIER = 1e6  # where calibration gives up (Opacus' MAX_SIGMA): a larger σ means ε is out of reach
 # The largest σ each calibration tries before giving up: Opacus doubles from 20, ours from 1.
 _LAST_SIGMA = {POISSON: 20 * 2 ** int(math.log2(MAX_NOISE_MULTIPLIER / 20)),
-               WOR: 2 ** int(math.log2(MAX_NOISE_MULTIPLIER))}
+               WOR: 2 ** int(math.log2(MAX_NOISE_MULTIPLIER)),
+               WOR_GAUSSIAN: 2 ** int(math.log2(MAX_NOISE_MULTIPLIER))}
 
 
 def _aim(epsilon: float, mechanism: str) -> float:
     """The ε a calibration aims at: the target, or just under it for WOR (``_WOR_MARGIN``)."""
-    return epsilon * (1 - _WOR_MARGIN) if mechanism == WOR else epsilon
+    return epsilon * (1 - _WOR_MARGIN) if mechanism in WOR_MECHANISMS else epsilon
 
 
 def _history(parts: Sequence[PrivacyPart]) -> list[tuple[float, float, int]]:
     return [(p.noise_multiplier, p.sample_rate, int(p.steps)) for p in parts if p.steps > 0]
 
 
-def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders) -> np.ndarray:
+# Theorem 27's Gaussian-specific term is evaluated for j ≤ this; higher terms keep Theorem 9's
+# (a valid bound for every j: the theorem takes the smaller of the two).
+_T27_MAX_J = 128
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_gaussian_chi_moments(noise_multiplier: float, jmax: int = _T27_MAX_J) -> tuple[float, ...]:
+    """log E[(L − 1)^j], j = 0..jmax+1, for the Gaussian pair N(Δ, σ²Δ²) vs N(0, σ²Δ²), where
+    L is their likelihood ratio under the second (the binary |χ|^j divergence for even j).
+
+    E[L^i] = exp(i(i−1)/(2σ²)), so E[(L − 1)^j] = Σ_i C(j, i)(−1)^{j−i} exp(i(i−1)/(2σ²)), the
+    j-th forward difference at 0 of i ↦ exp(i(i−1)/(2σ²)) (the ``_get_forward_diffs`` of
+    dp-accounting). The alternating sum cancels to ~(j−1)!!/σ^j out of terms of size up to
+    2^j·e^{j²/(2σ²)}, so it is summed in exact-enough arithmetic (mpmath, with more digits
+    than the cancellation eats, checked per sum), not in floats, where large σ would turn it
+    into rounding noise (possibly below the truth: unsound). Odd j are NaN (not used: Hölder
+    interpolates them from their even neighbours)."""
+    import mpmath
+
+    sigma = float(noise_multiplier)
+    top = jmax + 1 + (jmax + 1) % 2  # the even order above jmax is needed to interpolate jmax
+    # Digits: enough for the cancellation at large σ (terms ~2^j, result ~(j−1)!!/σ^j); each
+    # sum is then checked against its terms' magnitude and redone with twice the digits if
+    # rounding could have reached the 20th significant digit (small σ needs far fewer).
+    digits = int(40 + top * (math.log10(2) + max(0.0, math.log10(sigma))))
+    while True:
+        with mpmath.workdps(digits):
+            s2 = 2 * mpmath.mpf(sigma) ** 2
+            f = [mpmath.exp(mpmath.mpf(i * (i - 1)) / s2) for i in range(top + 1)]
+            out, exact = [math.nan] * (top + 1), True
+            binom = [1]  # C(j, i), i = 0..j, as exact integers
+            for j in range(top + 1):
+                if j > 0:
+                    binom = [1] + [binom[i - 1] + binom[i] for i in range(1, j)] + [1]
+                if j % 2:
+                    continue
+                total = mpmath.fsum((binom[i] if (j - i) % 2 == 0 else -binom[i]) * f[i] for i in range(j + 1))
+                scale = mpmath.fsum(binom[i] * f[i] for i in range(j + 1))
+                if total <= 0 or mpmath.log10(scale / total) > digits - 20:
+                    exact = False
+                    break
+                out[j] = float(mpmath.log(total))
+        if exact:
+            return tuple(out)
+        digits *= 2
+
+
+def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders, *, gaussian: bool = False) -> np.ndarray:
     """RDP ε'(α) of one Gaussian mechanism (noise multiplier σ: ε(α) = α/(2σ²)) under
-    sampling without replacement at rate γ, at integer orders α ≥ 2 (Wang, Balle,
-    Kasiviswanathan 2019, Theorem 9, with ε(∞) = ∞ for the Gaussian)::
+    sampling without replacement at rate γ, replace-one neighbours, at integer orders α ≥ 2.
+
+    ``gaussian=False``: Wang, Balle, Kasiviswanathan 2019, Theorem 9 (any mechanism, here
+    with ε(∞) = ∞), the bound autodp implements and GS-WGAN's ``privacy_analysis.py`` calls::
 
         ε'(α) = min{ ε(α), 1/(α−1) · log(1 + γ²·C(α,2)·min{4(e^{ε(2)}−1), 2e^{ε(2)}}
-                                        + Σ_{j=3..α} 2·γ^j·C(α,j)·e^{(j−1)ε(j)}) }
+                                        + Σ_{j=3..α} γ^j·C(α,j)·ξ_j) },   ξ_j = 2e^{(j−1)ε(j)}
+
+    ``gaussian=True``: Theorem 27 of the arXiv version of the same paper (1808.00087), the
+    Gaussian-specific bound dp-accounting's ``_compute_rdp_sample_wor_gaussian`` implements:
+    the same sum with ξ_j = min{2e^{(j−1)ε(j)}, 4·χ_j}, where χ_j = E[(L−1)^j] is the binary
+    |χ|^j divergence of two Gaussians Δ apart for even j and √(χ_{j−1}·χ_{j+1}) for odd j
+    (Hölder). Theorem 9's ξ_j does not vanish as σ → ∞ (a σ-independent floor per step);
+    4·χ_j ≈ 4(j−1)!!/σ^j does. Evaluated for j ≤ 128 (beyond, ξ_j keeps Theorem 9's value,
+    which is valid: the theorem's bound is the smaller one). Why the theorem applies to
+    GS-WGAN's step: docs/privacy.md.
     """
     orders = np.asarray(orders)
     if np.any(orders < 2) or np.any(orders != np.round(orders)):
-        raise ValueError("Theorem 9 of Wang et al. needs integer orders ≥ 2")
+        raise ValueError("the WOR bounds of Wang et al. need integer orders ≥ 2")
     sigma2 = float(noise_multiplier) ** 2
     if sigma2 == 0:
         return np.full(len(orders), np.inf)
@@ -99,13 +160,21 @@ def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders) -> np.
     log_q = math.log(sample_rate)
     e2 = eps(2.0)
     j2 = min(math.log(4) + e2 + math.log(-math.expm1(-e2)), math.log(2) + e2)
-    log_fact = gammaln(np.arange(int(orders.max()) + 1) + 1.0)  # log k!, once for every order
+    amax = int(orders.max())
+    jj = np.arange(3, amax + 1, dtype=float)
+    log_xi = math.log(2) + (jj - 1) * eps(jj)  # Theorem 9's ξ_j, j = 3..amax
+    if gaussian:
+        chi = np.asarray(_log_gaussian_chi_moments(float(noise_multiplier)))
+        n = min(amax, _T27_MAX_J) - 2  # j = 3..min(amax, 128)
+        j = np.arange(3, 3 + n)
+        lo, hi = 2 * (j // 2), 2 * ((j + 1) // 2)  # even neighbours (j itself when even)
+        log_xi[:n] = np.minimum(log_xi[:n], math.log(4) + 0.5 * (chi[lo] + chi[hi]))
+    log_fact = gammaln(np.arange(amax + 1) + 1.0)  # log k!, once for every order
     out = np.empty(len(orders))
     for i, a in enumerate(orders.astype(int)):
         log_comb = log_fact[a] - log_fact[:a + 1] - log_fact[a::-1]  # log C(a, j), j = 0..a
-        j = np.arange(3, a + 1, dtype=float)
         terms = np.concatenate([[0.0, 2 * log_q + log_comb[2] + j2],
-                                math.log(2) + (j - 1) * eps(j) + j * log_q + log_comb[3:]])
+                                log_xi[:a - 2] + jj[:a - 2] * log_q + log_comb[3:]])
         out[i] = min(eps(float(a)), logsumexp(terms) / (a - 1))
     return out
 
@@ -115,8 +184,9 @@ def rdp_curve(part: PrivacyPart, orders) -> np.ndarray:
     if part.mechanism == POISSON:
         return np.asarray(compute_rdp(q=part.sample_rate, noise_multiplier=part.noise_multiplier,
                                       steps=int(part.steps), orders=list(orders)), dtype=float)
-    if part.mechanism == WOR:
-        return int(part.steps) * rdp_wor_gaussian(part.sample_rate, part.noise_multiplier, orders)
+    if part.mechanism in WOR_MECHANISMS:
+        return int(part.steps) * rdp_wor_gaussian(part.sample_rate, part.noise_multiplier, orders,
+                                                  gaussian=part.mechanism == WOR_GAUSSIAN)
     raise ValueError(f"unknown mechanism '{part.mechanism}' (known: {', '.join(MECHANISMS)})")
 
 
@@ -124,8 +194,10 @@ def compose_rdp(parts: Sequence[PrivacyPart], delta: float) -> float:
     """ε of all parts composed (RDP, converted at ``delta``).
 
     All-Poisson compositions: Opacus' accountant over ``_ORDERS`` and its conversion
-    (Balle et al. 2020), unchanged from the DPSGD papers. With any WOR part: the RDP curves
-    add at integer orders and the classical conversion is used, as autodp does. Memoised:
+    (Balle et al. 2020), unchanged from the DPSGD papers. With a WOR part: the RDP curves
+    add at integer orders; with Theorem 9's (paper mode) the classical conversion
+    ε = min_α RDP(α) + log(1/δ)/(α−1) is used, as autodp does for GS-WGAN; otherwise
+    Opacus' conversion (Balle et al. 2020, Theorem 21), as dp-accounting does. Memoised:
     calibration and plan searches compose the same parts many times."""
     live = tuple((float(p.noise_multiplier), float(p.sample_rate), int(p.steps), p.mechanism)
                  for p in parts if p.steps > 0)
@@ -144,7 +216,11 @@ def _compose_rdp(live: tuple[tuple[float, float, int, str], ...], delta: float) 
             warnings.simplefilter("ignore", UserWarning)
             return float(acc.get_epsilon(delta=delta, alphas=_ORDERS))
     rdp = sum(rdp_curve(p, _INT_ORDERS) for p in parts)
-    return float(np.min(rdp + math.log(1 / delta) / (_INT_ORDERS - 1)))
+    if any(p.mechanism == WOR for p in parts):  # GS-WGAN's own accounting: autodp's classical conversion
+        return float(np.min(rdp + math.log(1 / delta) / (_INT_ORDERS - 1)))
+    with warnings.catch_warnings():  # the conversion Opacus uses (Balle et al. 2020), as dp-accounting does
+        warnings.simplefilter("ignore", UserWarning)
+        return float(get_privacy_spent(orders=_INT_ORDERS, rdp=rdp, delta=delta)[0])
 
 
 def part_epsilon(part: PrivacyPart, delta: float) -> float:

@@ -130,7 +130,16 @@ class SanitizerCanaries:
         rng = np.random.default_rng([seed, 0x5A17])
         self.included = rng.random(m) < 0.5
         self.sample_rate = float(sample_rate)
-        self.shift = 2.0 * float(sanitizer.max_norm)  # the per-row (rows) or total (whole) change
+        # the per-row (rows) or total (whole) change: 2C for a clipped gradient; a one-shot
+        # release of a sum (privacy.release.GaussianRelease) says its own (its sensitivity Δ)
+        self.shift = float(getattr(sanitizer, "canary_shift", None) or 2.0 * float(sanitizer.max_norm))
+        self.fit_to_size = bool(getattr(sanitizer, "canaries_fit_to_size", False))
+        # a one-shot release of a sum over the dataset: the adversary of the DP definition knows
+        # every other record, hence the sum without the canaries, and scores the released
+        # value minus it (else the data's own sums, ≫ Δ, drown a single observation)
+        self.subtract_clean = bool(getattr(sanitizer, "canaries_subtract_clean", False))
+        self._clean = None
+        self.too_small = False  # a release of one coordinate: no audit of it (GradientAudit drops it)
         self.scores = np.zeros(m)
         self.steps = 0
         self._rng = rng
@@ -148,6 +157,9 @@ class SanitizerCanaries:
             return
         self._shape = tuple(like.shape)
         if self.geometry == "whole":
+            if m > like.numel() and self.fit_to_size:  # one canary per coordinate, the first draws kept
+                self.included, self.scores = self.included[:like.numel()], self.scores[:like.numel()]
+                m = like.numel()
             if m > like.numel():
                 raise UserError(f"--canaries {m}: the sanitised batch has {like.numel()} coordinates; use "
                                 f"--canaries ≤ {like.numel()}")
@@ -171,7 +183,13 @@ class SanitizerCanaries:
         self._row_signs = signs
 
     def before_noise(self, clipped: torch.Tensor) -> torch.Tensor:
+        if self.fit_to_size and clipped.numel() < 2:
+            self.too_small = True
+        if self.too_small:
+            return clipped
         self._layout(clipped)
+        if self.subtract_clean:
+            self._clean = clipped.detach().clone()
         sampled = _sampled(self.included, self.sample_rate, self._gen)
         self._sign = _signs(len(self.included), self._gen)
         w = (sampled.to(torch.float64) * self._sign * self.shift).to(clipped.dtype).to(clipped.device)
@@ -186,7 +204,11 @@ class SanitizerCanaries:
     def after_noise(self, released: torch.Tensor) -> None:
         """``released``: the clipped batch with the canaries and the noise, before any scale.
         Score of canary j: ⟨its direction / 2C, released⟩."""
+        if self.too_small:
+            return
         r = released.detach().double().cpu()
+        if self._clean is not None:
+            r = r - self._clean.double().cpu()
         if self.geometry == "whole":
             self.scores += (self._sign * r.reshape(-1)[self._coords]).numpy()
         else:
@@ -221,12 +243,13 @@ class GradientAudit:
         self.parts: dict[str, DiracCanaries | SanitizerCanaries] = {}
 
     def watch(self, name: str, part, mechanism) -> None:
+        from .release import GaussianRelease
         from .sanitizer import GradientSanitizer
 
         if name in self.parts:
             raise ValueError(f"part '{name}' was announced twice")
         seed = self.seed * 7919 + len(self.parts)
-        if isinstance(mechanism, GradientSanitizer):
+        if isinstance(mechanism, GradientSanitizer | GaussianRelease):
             self.parts[name] = SanitizerCanaries(mechanism, self.m, part.sample_rate, seed)
         elif hasattr(mechanism, "add_noise") and hasattr(mechanism, "max_grad_norm"):
             self.parts[name] = DiracCanaries(mechanism, self.m, part.sample_rate, seed)

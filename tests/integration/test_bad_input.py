@@ -70,7 +70,7 @@ CASES = [
      "--eps 0.001 is infeasible for dpgan (preset quick, dataset digits, N=1437, δ=1e-05): no noise multiplier is "
      "large enough; the smallest ε that works is 0.00351"),
     (["run", "--method", "dpgan", "--eps", "1e-3", "--dry-run"], "the smallest ε that works is 0.00351"),
-    (["privacy", "--method", "gswgan", "--eps", "1e-4"], "the smallest ε that works is 0.0113"),
+    (["privacy", "--method", "gswgan", "--eps", "1e-4"], "the smallest ε that works is 0.00351"),
     (["privacy", "--method", "dpgan", "--dataset", "mnist", "--preset", "paper", "--eps", "1e-3"],
      "noise multiplier 14.0 allows no step at ε=0.001; raise the noise; the smallest ε that works is 0.00371"),
     (["run", "--method", "dpgan", "--eps", "1", "--seed", "99999999999999999999"],

@@ -51,7 +51,7 @@ def test_run_records_one_sanitised_part_within_the_target(runs, method):
         assert (d / f).is_file(), f
     priv = json.loads((d / "privacy.json").read_text())
     (part,) = priv["parts"]  # DPAC's classifier steps are inside the same mechanism
-    assert part["name"] == "generator_gradient" and part["mechanism"] == "subsampled_gaussian_wor"
+    assert part["name"] == "generator_gradient" and part["mechanism"] == "subsampled_gaussian_wor_t27"
     assert part["sample_rate"] == pytest.approx(1 / 4)  # tiny preset: K = 4 discriminators
     assert part["steps"] == 30
     assert priv["epsilon"]["rdp"] <= priv["target"]["epsilon"] == 10.0
@@ -82,7 +82,7 @@ def test_privacy_plan_meets_the_target(cli_runner, results, method, eps):
     rows = [line for line in res.output.splitlines() if line.startswith("| generator_gradient |")]
     assert len(rows) == 1 and len([x for x in res.output.splitlines() if x.startswith("| ")]) == 2
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1] == "subsampled_gaussian_wor" and float(cells[3]) == pytest.approx(1 / 50, abs=1e-5)
+    assert cells[1] == "subsampled_gaussian_wor_t27" and float(cells[3]) == pytest.approx(1 / 50, abs=1e-5)
     composed = float(re.search(r"composed epsilon: ([0-9.]+) \(RDP", res.output).group(1))
     assert 0.95 * float(eps) <= composed <= float(eps)
     assert not results.exists()  # nothing trained, nothing written

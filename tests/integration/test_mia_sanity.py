@@ -3,7 +3,10 @@ caught, a DPGAN at ε=1 is not.
 
 The positive control is the ``gan`` ``memorise`` preset (5K steps, G width 64, lr_G 1e-3,
 lr_D 2e-4): measured full black-box AUC 0.96 (seed 0, one thread; 0.94 in this test
-with two threads), dpgan 0.58. The quick preset does not memorise 64
+with two threads; 0.89 in a ``-n 2`` run, one thread per worker), dpgan 0.58. Over three
+seeds (benchmarks/CLAIMS.md) the control is 0.915 ± 0.040, so one run is held to 0.8 (the
+claim's 0.9 is for the three-seed mean) and to a 0.25 lead over dpgan: an attack that
+scored members and non-members alike would give both ≈ 0.5 and fail either check. The quick preset does not memorise 64
 digits (0.62-0.71 up to 12K steps: D wins, G never copies), and the same setting at 3K steps
 gave 0.93 / 0.90 for seeds 0 / 1, hence 5K."""
 
@@ -28,8 +31,9 @@ def _auc(cli_runner, results, *args):
 def test_memorising_gan_is_detected_and_dpgan_is_not(cli_runner, results, monkeypatch, tmp_path):
     monkeypatch.setenv("DPGEN_CACHE", str(tmp_path / "cache"))
     gan = _auc(cli_runner, results, "--method", "gan", "--preset", "memorise")
-    assert gan["mia_auc_full_black_box"] >= 0.9
+    assert gan["mia_auc_full_black_box"] >= 0.8
     dpgan = _auc(cli_runner, results, "--method", "dpgan", "--eps", "1", "--preset", "quick")
     assert abs(dpgan["mia_auc_full_black_box"] - 0.5) <= 0.1
     assert abs(dpgan["mia_auc_white_box"] - 0.5) <= 0.15
+    assert gan["mia_auc_full_black_box"] - dpgan["mia_auc_full_black_box"] >= 0.25
     print(f"\ngan (memorise preset, 64 members): {gan}\ndpgan (eps=1, 64 members): {dpgan}")  # noqa: T201 - for the note

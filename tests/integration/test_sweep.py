@@ -60,7 +60,8 @@ def test_sweep_grid_file(cli_runner, results, tmp_path):
 @pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
 def test_sweep_on_local_ray(cli_runner, results):
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    # "local": a fresh instance even where a `ray start` cluster is still winding down
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     try:
         res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan,gan", "--eps", "1,10", "--seeds", "0",
                                       "--preset", "tiny", "--engine", "ray", "--address", "auto"])

@@ -15,7 +15,7 @@ from dpgen_bench.api import Budget, DataInfo, PrivacyPart, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.privacy import compose_rdp
-from dpgen_bench.privacy.accounting import WOR
+from dpgen_bench.privacy.accounting import WOR, WOR_GAUSSIAN
 from dpgen_bench.privacy.ledger import PrivacyLedger
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 from methods.dpac import DPAC, AuxiliaryClassifier, DPACHparams
@@ -244,8 +244,8 @@ def test_plan_rate_is_one_over_K_and_hook_noise_is_2_sqrt_B_sigma():
     assert part.name == "generator_gradient" and part.sample_rate == pytest.approx(1 / 3)
     assert part.noise_multiplier == 0.8 and part.steps > 0
     assert compose_rdp([part], 1e-5) <= 10.0
-    assert part.mechanism == WOR  # sampling without replacement (one of K), not Poisson
-    assert compose_rdp([PrivacyPart("x", 0.8, 1 / 3, part.steps + 1, mechanism=WOR)], 1e-5) > 10.0  # used up
+    assert part.mechanism == WOR_GAUSSIAN  # sampling without replacement (one of K), not Poisson; Theorem 27
+    assert compose_rdp([PrivacyPart("x", 0.8, 1 / 3, part.steps + 1, mechanism=WOR_GAUSSIAN)], 1e-5) > 10.0  # used up
     assert m.hook_noise_multiplier(0.8) == pytest.approx(2 * math.sqrt(8) * 0.8)
 
 
