@@ -15,10 +15,11 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.sampling import sample_conditional
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
+from dpgen_bench.privacy.release import GaussianRelease
 
 from .budget import parse_split, plan_parts, schedule
 from .compression import compress_grad_samples
-from .dpagg import dpagg, sin
+from .dpagg import aggregate, dpagg, sin
 from .nets import (
     Classifier,
     Conv1,
@@ -355,6 +356,10 @@ class DPAF(Method):
                                      expected_batch_size=2 * mu * B, noise_generator=noise_gen,
                                      grad_sample_mode=h.dpsgd_mode)
         sigma3, sens = part3.noise_multiplier, self.sensitivity
+        # DPAGG's release of the real aggregate: counts the step before its noise is drawn and
+        # holds a white-box audit's canaries (privacy.release); the fakes' aggregate gets the
+        # same noise (line 8) from the same generator, right after, but is not a private release
+        real_dpagg = GaussianRelease(ctx, part3.name, sens, noise_gen)
         window: list = []
         conv2_steps, g_steps = 0, 0
         stats = {"d_loss": 0.0, "g_loss": 0.0, "conv2_loss": 0.0, "n_d": 0, "n_g": 0, "n_c2": 0}
@@ -376,8 +381,7 @@ class DPAF(Method):
                 xf_g, yf = self._fake(B, dev)
             xf = xf_g.detach()
             with torch.no_grad():
-                ctx.spend(part3.name)
-                s_real = dpagg(self._features(images[idx], labels[idx]), sigma3, sens, noise_gen)
+                s_real = real_dpagg(aggregate(self._features(images[idx], labels[idx])))  # counted by the release
                 s_fake = dpagg(self._features(xf, yf), sigma3, sens, noise_gen)
             d_loss = F.binary_cross_entropy_with_logits(self._head_agg(torch.stack([s_real, s_fake])).flatten(),
                                                         targets)

@@ -90,12 +90,23 @@ def test_white_box_audit_catches_a_part_with_too_little_noise(tmp_path, monkeypa
     assert audit["violation"] and all(audit["attacks"][a]["epsilon_lower_bound"] > 1.0 for a in audit["violation"])
 
 
-def test_white_box_audit_names_the_parts_it_cannot_observe(tmp_path):
-    """DPAF's DPAGG release has no optimizer or sanitiser to hold canaries: listed, not hidden."""
+def test_white_box_audit_observes_every_part_of_dpaf(tmp_path):
+    """conv1 and conv2* (DPSGD) and DPAGG (a subsampled Gaussian sum, privacy.release): all three
+    hold canaries; DPAGG's tiny aggregate (8 maps of 2×2 = 32 values) one per coordinate."""
     res, audit = _audit(tmp_path, "dpaf", ["--canaries", "200"])
     assert res.exit_code == 0, res.output
-    assert audit["parts_not_observed"] == ["dpagg"] and "parts not observed: dpagg" in res.output
-    assert set(audit["parts_observed"]) == {"conv1", "conv2"}
+    assert audit["parts_not_observed"] == [] and "parts not observed" not in res.output
+    assert set(audit["parts_observed"]) == {"conv1", "conv2", "dpagg"}
+    dpagg = audit["parts_observed"]["dpagg"]
+    assert dpagg["canaries"] == "SanitizerCanaries" and dpagg["count"] < 200 and dpagg["releases"] > 1
+    assert all(0 <= b["epsilon_lower_bound"] <= 1.0 for b in audit["attacks"].values())
+
+
+def test_white_box_audit_names_the_parts_it_cannot_observe(tmp_path):
+    """dpmerf's count is one number: no room for canaries; listed, not hidden."""
+    res, audit = _audit(tmp_path, "dpmerf", ["--canaries", "200"])
+    assert res.exit_code == 0, res.output
+    assert audit["parts_not_observed"] == ["count"] and "parts not observed: count" in res.output
 
 
 def test_white_box_audit_refusals(tmp_path):

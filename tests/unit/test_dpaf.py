@@ -110,23 +110,34 @@ def test_dpagg_noise_std_is_noise_multiplier_times_sensitivity():
 
 
 def test_the_method_adds_noise_of_its_planned_multiplier_times_sqrt_m_p(monkeypatch):
+    """The real aggregate goes through the ledger-counting GaussianRelease (privacy.release),
+    the fake one through ``dpagg``: both with the planned σ and Δ = √m·p, once per batch."""
     import methods.dpaf.core as core
+    from dpgen_bench.privacy.release import GaussianRelease
 
-    calls = []
-    real = core.dpagg
+    fakes, reals = [], []
+    real_dpagg, real_noise = core.dpagg, GaussianRelease.noise
 
     def spy(features, noise_multiplier, sens, generator=None):
-        calls.append((noise_multiplier, sens, features.shape[1:]))
-        return real(features, noise_multiplier, sens, generator)
+        fakes.append((noise_multiplier, sens, features.shape[1:]))
+        return real_dpagg(features, noise_multiplier, sens, generator)
+
+    def spy_noise(self, like):
+        reals.append((self.part, self.noise_multiplier, self.sensitivity, tuple(like.shape)))
+        return real_noise(self, like)
 
     monkeypatch.setattr(core, "dpagg", spy)
+    monkeypatch.setattr(GaussianRelease, "noise", spy_noise)
     m, ctx = _fit(eps=2.0)
     planned = ctx.ledger.planned["dpagg"]
     layout = m.layout
-    assert {c[0] for c in calls} == {planned.noise_multiplier}
-    assert all(c[1] == pytest.approx(math.sqrt(layout.agg_channels) * layout.agg_size) for c in calls)
-    assert {tuple(c[2]) for c in calls} == {(layout.agg_channels, layout.agg_size, layout.agg_size)}
-    assert len(calls) == 2 * planned.steps  # one real (private) and one fake (symmetric) aggregate per batch
+    sens = math.sqrt(layout.agg_channels) * layout.agg_size
+    assert {c[0] for c in fakes} == {planned.noise_multiplier} and all(c[1] == pytest.approx(sens) for c in fakes)
+    assert {tuple(c[2]) for c in fakes} == {(layout.agg_channels, layout.agg_size, layout.agg_size)}
+    assert {(c[0], c[1]) for c in reals} == {("dpagg", planned.noise_multiplier)}
+    assert all(c[2] == pytest.approx(sens) for c in reals)
+    assert {c[3] for c in reals} == {(layout.agg_channels * layout.agg_size**2,)}
+    assert len(reals) == len(fakes) == planned.steps  # one real (private) and one fake (symmetric) aggregate per batch
 
 
 # ------------------------------------------------------------------- schedule
