@@ -48,6 +48,24 @@ def warnings_seen():
     logger.removeHandler(h)
 
 
+@pytest.fixture
+def ray_exclusive():
+    """One Ray test at a time on this machine: the two-node test ends with ``ray stop
+    --force``, which kills every Ray process, a local instance of a test on the other
+    pytest-xdist worker included. Their ``xdist_group("ray")`` was meant to keep them on one
+    worker, but ``--dist loadgroup`` (xdist 3.8) was seen to run them on two at once (a
+    hung suite); an exclusive lock on a file serialises them whatever the scheduler does."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "dpgen_bench_ray_tests.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def pytest_configure(config):
     """Under pytest-xdist every worker gets its share of the cores as torch threads, so that
     two workers on two cores do not run four threads (``make test``: ``-n 2``)."""

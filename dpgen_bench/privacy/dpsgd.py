@@ -92,7 +92,7 @@ def make_private(
 
 
 def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tensor, *,
-                     also: list[torch.Tensor] | tuple = ()) -> None:
+                     also: list[torch.Tensor] | tuple = (), group: int = 1) -> None:
     """The backward pass of a private part wrapped by ``make_private``, for every mode:
     the part's parameters get what its DP optimizer expects, the tensors in ``also`` (other,
     non-private parameters trained on the same loss) their ordinary gradient, and nothing
@@ -102,10 +102,15 @@ def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tens
     scalar with the same mean semantics (any loss for ``hooks``/``functorch``/``bk``, which
     clip each example's output-gradient × input contribution, as Opacus defines the
     per-example gradient). ``ghost`` needs the vector: its second pass weights each
-    example's loss by its clipping factor."""
+    example's loss by its clipping factor.
+
+    ``group`` = K > 1: every K consecutive rows are one example (noise multiplicity), clipped
+    as one; only ``bk`` does it (Opacus' modes clip each row)."""
     if isinstance(module, BookKeepingModule):
-        module.backward(loss, also=also)
+        module.backward(loss, also=also, group=group)
         return
+    if group != 1:
+        raise ValueError("rows grouped into examples (noise multiplicity) need grad_sample_mode 'bk'")
     if isinstance(module, GradSampleModuleFastGradientClipping):
         if loss.dim() != 1:
             raise ValueError("grad_sample_mode 'ghost' needs the per-example losses (a vector)")

@@ -40,6 +40,11 @@ same as ``hooks`` for ANY loss, including losses that couple examples (DPAF's ag
 losses), and not only for a mean of per-example losses as the two-pass ghost mode
 requires. ``tests/unit/test_fastclip.py`` compares both against per-example autograd.
 
+Rows grouped into examples (``backward(..., group=K)``, DPDM's noise multiplicity: K noised
+copies of one image, one clipped gradient): an example's K rows enter every rule as K·T
+positions of one example (``_merge_rows``), so the norms and sums above are of the example's
+gradient, not of its rows'; Opacus' per-row rules are summed over the K rows.
+
 Not supported (a clear error at wrap time or at backward): a layer called twice before one
 backward (tied weights), a layer output changed in place after its forward, layers with
 parameters and no per-example rule.
@@ -56,6 +61,14 @@ from torch import nn
 
 Norms = Literal["mixed", "ghost", "per_example"]
 _CHUNK = 32  # examples unfolded at a time
+
+
+def _merge_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """(n·K, c, T) → (n, c, K·T): each example's K rows side by side as K·T positions."""
+    if k == 1:
+        return x
+    nk, c, t = x.shape
+    return x.reshape(nk // k, k, c, t).permute(0, 2, 1, 3).reshape(nk // k, c, k * t)
 
 
 def _conv_ok(m: nn.Module) -> bool:
@@ -134,11 +147,18 @@ class BookKeepingModule(nn.Module):
 
     # ------------------------------------------------------------------ the step
 
-    def backward(self, loss: torch.Tensor, also: tuple[torch.Tensor, ...] | list = ()) -> None:
+    def backward(self, loss: torch.Tensor, also: tuple[torch.Tensor, ...] | list = (), *, group: int = 1) -> None:
         """Set every trainable parameter's ``.grad`` (accumulated if already set) to
         ``Σᵢ clip(gᵢ, C)`` for the examples of the forward passes since the last call.
         ``also``: other leaf tensors that get the ordinary gradient of ``loss`` in the same
-        pass (non-private parts trained on the same loss, e.g. DPAF's paper mode)."""
+        pass (non-private parts trained on the same loss, e.g. DPAF's paper mode).
+
+        ``group`` = K > 1: every K consecutive rows of the batch are one example (DPDM's
+        noise multiplicity: K noised copies of one image), and example i's gradient is the
+        gradient of the mean of its K rows' losses, Σ_k g_{iK+k} / K under
+        ``loss_reduction="mean"`` (the loss a mean over all rows). It is clipped as one: the
+        K rows enter every layer rule as K·T positions of one example, so K costs compute
+        and no privacy."""
         records, self._records = self._records, []
         if not records:
             raise RuntimeError("bk backward: no forward pass with gradients was recorded")
@@ -159,17 +179,21 @@ class BookKeepingModule(nn.Module):
             if gt is not None:
                 t.grad = gt if t.grad is None else t.grad + gt
 
-        n = records[0][2].shape[0]
+        rows = records[0][2].shape[0]
+        group = int(group)
+        if group < 1 or rows % group:
+            raise ValueError(f"bk backward: {rows} rows are not whole groups of {group}")
+        n = rows // group  # examples
         sq = None
         finishers = []
         for (name, m, a, out, _), g in zip(records, backprops):
-            if a.shape[0] != n:
-                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {n}")
+            if a.shape[0] != rows:
+                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {rows}")
             g = torch.zeros_like(out) if g is None else g.detach()
             if self.loss_reduction == "mean":
-                g = g * n  # Opacus' scaling: the gradient of example i's own loss
+                g = g * n  # Opacus' scaling: the gradient of example i's own loss (the mean of its rows')
             rule = {"conv2d": self._conv2d, "linear": self._linear, "opacus": self._opacus}[_rule(m)]
-            layer_sq, finish, self.layer_rules[name] = rule(m, a, g)
+            layer_sq, finish, self.layer_rules[name] = rule(m, a, g, group)
             sq = layer_sq if sq is None else sq + layer_sq
             finishers.append(finish)
 
@@ -198,10 +222,11 @@ class BookKeepingModule(nn.Module):
             return T * (d + p) < d * p
         return self.norms == "ghost"
 
-    def _conv2d(self, m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor):
-        n = a.shape[0]
+    def _conv2d(self, m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, group: int = 1):
+        k = group
+        n = a.shape[0] // k  # examples; rows iK … iK+K−1 are example i
         a = a.to(g.dtype)
-        G = g.flatten(2)  # n, p, T
+        G = _merge_rows(g.flatten(2), k)  # n, p, K·T
         w, b = m.weight, m.bias
         want_w, want_b = w.requires_grad, b is not None and b.requires_grad
         sq = torch.zeros(n, device=g.device, dtype=g.dtype)
@@ -212,10 +237,11 @@ class BookKeepingModule(nn.Module):
             # unfold (im2col) a few examples at a time: the unfolded chunk stays in cache
             # and memory stays O(chunk) instead of n·d·T (measured: benchmarks/README.md)
             parts = []
-            for i in range(0, n, _CHUNK):
-                A = F.unfold(a[i:i + _CHUNK], m.kernel_size, dilation=m.dilation, padding=m.padding,
-                             stride=m.stride)  # c, d, T
-                Gc = G[i:i + _CHUNK]
+            step = max(1, _CHUNK // k)
+            for i in range(0, n, step):
+                A = _merge_rows(F.unfold(a[i * k:(i + step) * k], m.kernel_size, dilation=m.dilation,
+                                         padding=m.padding, stride=m.stride), k)  # c, d, K·T
+                Gc = G[i:i + step]
                 if ghost:
                     parts.append((torch.bmm(A.transpose(1, 2), A) * torch.bmm(Gc.transpose(1, 2), Gc)).sum((1, 2)))
                 else:
@@ -236,8 +262,8 @@ class BookKeepingModule(nn.Module):
                     gw = torch.einsum("n,npd->pd", coef, W).view_as(w)
                 else:  # the native weight-gradient kernel on the rescaled output gradients
                     gw = torch.ops.aten.convolution_backward(
-                        g * coef.view(-1, 1, 1, 1), a, w, None, m.stride, m.padding, m.dilation, False,
-                        [0, 0], m.groups, [False, True, False])[1]
+                        g * coef.repeat_interleave(k).view(-1, 1, 1, 1), a, w, None, m.stride, m.padding,
+                        m.dilation, False, [0, 0], m.groups, [False, True, False])[1]
                 out.append((w, gw))
             if want_b:
                 out.append((b, coef @ gb))
@@ -245,10 +271,10 @@ class BookKeepingModule(nn.Module):
 
         return sq, finish, ("conv2d ghost" if ghost and want_w else "conv2d per-example")
 
-    def _linear(self, m: nn.Linear, a: torch.Tensor, g: torch.Tensor):
-        n = a.shape[0]
-        A = a.to(g.dtype).reshape(n, -1, a.shape[-1])  # n, T, d
-        G = g.reshape(n, -1, g.shape[-1])  # n, T, p
+    def _linear(self, m: nn.Linear, a: torch.Tensor, g: torch.Tensor, group: int = 1):
+        n = a.shape[0] // group  # examples; an example's K rows are K·T positions
+        A = a.to(g.dtype).reshape(n, -1, a.shape[-1])  # n, K·T, d
+        G = g.reshape(n, -1, g.shape[-1])  # n, K·T, p
         w, b = m.weight, m.bias
         want_w, want_b = w.requires_grad, b is not None and b.requires_grad
         sq = torch.zeros(n, device=g.device, dtype=g.dtype)
@@ -276,9 +302,11 @@ class BookKeepingModule(nn.Module):
 
         return sq, finish, ("linear ghost" if ghost else "linear per-example")
 
-    def _opacus(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor):
+    def _opacus(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int = 1):
         grads = {p: gs for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items() if p.requires_grad}
-        n = a.shape[0]
+        n = a.shape[0] // group
+        if group > 1:  # per-row gradients → per example: the sum over its K rows
+            grads = {p: gs.reshape(n, group, *gs.shape[1:]).sum(1) for p, gs in grads.items()}
         sq = torch.zeros(n, device=g.device, dtype=g.dtype)
         for gs in grads.values():
             sq = sq + gs.reshape(n, -1).pow(2).sum(1)

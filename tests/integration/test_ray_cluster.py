@@ -42,7 +42,7 @@ def _ray(*args: str, tmp: Path) -> None:
 
 
 @pytest.fixture
-def two_nodes(tmp_path, monkeypatch):
+def two_nodes(tmp_path, monkeypatch, ray_exclusive):
     if not RAY.exists() and shutil.which("ray") is None:
         pytest.skip("the ray command is not installed")
     # a local cluster without token authentication (Ray ≥ 2.5x may otherwise expect a token

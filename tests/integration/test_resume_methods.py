@@ -26,6 +26,7 @@ CASES = {
     "dpaf-phase2": ("dpaf", ["batches=160", "classifier_batches=10"], "dpagg", 24),
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
     "dpac": ("dpac", ["steps=80", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
+    "dpdm": ("dpdm", ["steps=120"], "denoiser", 15),
 }
 
 

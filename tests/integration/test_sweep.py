@@ -58,7 +58,7 @@ def test_sweep_grid_file(cli_runner, results, tmp_path):
 
 
 @pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
-def test_sweep_on_local_ray(cli_runner, results):
+def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     ray = pytest.importorskip("ray")
     # "local": a fresh instance even where a `ray start` cluster is still winding down
     ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)

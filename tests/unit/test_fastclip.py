@@ -215,3 +215,75 @@ def test_ghost_needs_per_example_losses():
     x, y, t = _batch((1, 16, 16))
     with pytest.raises(ValueError, match="per-example losses"):
         private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x, y), t))
+
+
+class _UNetBits(nn.Module):
+    """The layer kinds of DPDM's U-Net: conv, GroupNorm (affine), SiLU, a linear on a
+    sequence (attention's projections over H·W positions), an embedding for the label and a
+    linear on a vector (the noise level's embedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, 1, 1)
+        self.norm = nn.GroupNorm(2, 4)
+        self.qkv = nn.Linear(4, 6)
+        self.embed = nn.Embedding(10, 4)
+        self.sigma = nn.Linear(1, 4)
+        self.out = nn.Conv2d(6, 2, 3, 1, 1)
+
+    def forward(self, x, y, s):
+        h = F.silu(self.norm(self.conv(x))) + (self.embed(y) + self.sigma(s[:, None]))[:, :, None, None]
+        seq = self.qkv(h.flatten(2).transpose(1, 2))  # n, H·W, 6
+        return self.out(seq.transpose(1, 2).reshape(len(x), 6, *x.shape[2:]))
+
+
+@pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
+def test_bk_groups_of_rows_are_one_example(norms):
+    """``group=K`` (DPDM's noise multiplicity): rows iK … iK+K−1 are K noised copies of example
+    i, whose gradient is that of the mean of their K losses, clipped once. Against a
+    per-example autograd loop, every layer kind of the U-Net, every norm rule."""
+    torch.manual_seed(0)
+    net, ref = _UNetBits(), _UNetBits()
+    ref.load_state_dict(net.state_dict())
+    n, k = 5, 3
+    x = torch.randn(n * k, 2, 4, 4)
+    y = torch.randint(0, 10, (n,)).repeat_interleave(k)
+    s = torch.rand(n * k)
+    target = torch.randn(n * k, 2, 4, 4)
+
+    def row_losses(model, rows):
+        return ((model(x[rows], y[rows], s[rows]) - target[rows]) ** 2).flatten(1).mean(1)
+
+    grads = []
+    for i in range(n):
+        ref.zero_grad()
+        row_losses(ref, slice(i * k, (i + 1) * k)).mean().backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    sizes = norms_of(grads)
+    C = sizes.median().item()
+    coef = (C / (sizes + 1e-6)).clamp(max=1.0)
+    bk = BookKeepingModule(net, max_grad_norm=C, norms=norms)
+    bk.backward(row_losses(bk, slice(None)), group=k)  # the mean over all n·K rows
+    torch.testing.assert_close(bk.per_sample_norms, sizes, rtol=1e-4, atol=1e-6)
+    for p, j in zip(net.parameters(), range(len(grads[0]))):
+        torch.testing.assert_close(p.grad, sum(c * gs[j] for c, gs in zip(coef, grads)), rtol=1e-4, atol=1e-6)
+    assert bk.layer_rules["norm"] == "opacus" and bk.layer_rules["embed"] == "opacus"
+    with pytest.raises(ValueError, match="whole groups"):  # 7 rows are not groups of 3
+        bk.backward(row_losses(bk, slice(0, 7)), group=k)
+
+
+def test_private_backward_passes_groups_to_bk_and_refuses_them_elsewhere():
+    torch.manual_seed(1)
+    x, y, s = torch.randn(6, 2, 4, 4), torch.randint(0, 10, (6,)), torch.rand(6)
+    for mode in ("bk", "hooks"):
+        net = _UNetBits()
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        gsm, dp_opt = make_private(net, opt, ctx=PartContext(0.0), part="d", max_grad_norm=1.0,
+                                   expected_batch_size=3, grad_sample_mode=mode)
+        loss = gsm(x, y, s).pow(2).flatten(1).mean(1)
+        if mode == "bk":
+            private_backward(gsm, dp_opt, loss, group=2)
+            assert gsm.per_sample_norms.shape == (3,)  # three examples of two rows
+        else:
+            with pytest.raises(ValueError, match="need grad_sample_mode 'bk'"):
+                private_backward(gsm, dp_opt, loss, group=2)
