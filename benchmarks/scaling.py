@@ -93,10 +93,11 @@ from dp_step import PartContext, make_step, round_robin  # noqa: E402
 
 from dpgen_bench.api import DataInfo, PrivacyPart, Split  # noqa: E402
 from dpgen_bench.config import resolve_hparams  # noqa: E402
-from dpgen_bench.privacy.dpsgd import make_private  # noqa: E402
+from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
 from dpgen_bench.privacy.sanitizer import GradientSanitizer  # noqa: E402
 from methods.dpaf import DPAF  # noqa: E402
 from methods.dpaf.dpagg import dpagg  # noqa: E402
+from methods.dpdm import DPDM, edm_loss  # noqa: E402
 from methods.dpgan import DPGAN  # noqa: E402
 from methods.dpsinkhorn import BatchGradientSanitizer, DPSinkhorn  # noqa: E402
 from methods.gswgan import GSWGAN  # noqa: E402
@@ -245,6 +246,37 @@ def _dpsinkhorn_step(hp, info: DataInfo, batch: int, mode: str, device) -> Calla
     return step
 
 
+def _dpdm_step(hp, info: DataInfo, batch: int, mode: str, device) -> Callable[[], None]:
+    """The step of ``DPDM.fit`` on exactly B examples: K noised rows each (``DPDM._rows``), EDM's
+    loss, DP-SGD on every parameter through bk with the K rows of an example clipped as one
+    (``private_backward(..., group=K)``), or the mean loss's plain backward; Adam."""
+    private = mode != NON_PRIVATE
+    torch.manual_seed(0)
+    m = DPDM(hp, info)
+    net = m.net.to(device).train()
+    opt = torch.optim.Adam(net.parameters(), lr=hp.lr)
+    gen = _generator(device)
+    x = torch.rand(batch, *info.image_shape, device=device, generator=gen) * 2 - 1
+    y = torch.randint(0, info.num_classes, (batch,), device=device, generator=gen)
+    if private:
+        model, opt = make_private(net, opt, ctx=PartContext(1.0), part="denoiser", max_grad_norm=hp.max_grad_norm,
+                                  expected_batch_size=batch, noise_generator=gen, grad_sample_mode="bk")
+    else:
+        model = net
+
+    def step():
+        losses = edm_loss(model, *m._rows(x, y, gen))
+        opt.zero_grad(set_to_none=True)
+        if private:
+            private_backward(model, opt, losses, group=hp.noise_multiplicity)
+        else:
+            losses.mean().backward()
+        opt.step()
+        _sync(device)
+
+    return step
+
+
 @dataclass(frozen=True)
 class Part:
     method_cls: type
@@ -263,6 +295,9 @@ PARTS = {
     "gswgan": Part(GSWGAN, "G's step through D, sanitised image gradient (B fakes)", "G step, per-row sanitiser",
                    (NON_PRIVATE, "sanitiser"), _gswgan_step,
                    lambda h: f"G {h.g_width} / D {h.d_width}{', spectral norm' if h.d_spectral_norm else ''}"),
+    "dpdm": Part(DPDM, "the denoiser's DP-SGD step (B examples × K noise draws, clipped per example)",
+                 "denoiser's DP-SGD step", (NON_PRIVATE, "bk"), _dpdm_step,
+                 lambda h: f"U-Net nf {h.nf}, mult {h.ch_mult}, K = {h.noise_multiplicity}"),
     "dpsinkhorn": Part(DPSinkhorn, "G's step, clipped + noised generated-batch gradient (B fakes vs B reals)",
                        "G step, whole-batch sanitiser", (NON_PRIVATE, "sanitiser"), _dpsinkhorn_step,
                        lambda h: f"G width {h.g_width}"),
