@@ -142,10 +142,9 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     (the canaries are gradients, not records of the data, so N and the plan are the run's
     own). One bound per part, each at 1 − β/A over the A parts; each is a lower bound on that
     part's ε alone, which is at most the run's composed ε, so a part's bound above the
-    accountant's ε of the whole run is a violation. Parts the method did not announce (DPAF's
-    DPAGG) and one-coordinate releases (a count) are listed as not observed; a release with
-    fewer coordinates than canaries gets one canary per coordinate ("count" in
-    ``parts_observed``)."""
+    accountant's ε of the whole run is a violation. Parts the method did not announce and
+    one-coordinate releases (dpmerf's count) are listed as not observed; a release with fewer
+    coordinates than canaries gets one canary per coordinate ("count" in ``parts_observed``)."""
     from .privacy.canaries import GradientAudit
 
     if not config.gradient_canaries:
@@ -162,7 +161,7 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     if not gradient_audit.parts:
         raise UserError(f"method '{config.method}' announced no private part (RunContext.watch): nothing to audit "
                         "white-box; use bench audit without --white-box")
-    watched = {name: c for name, c in gradient_audit.parts.items() if not getattr(c, "too_small", False)}
+    watched = {name: c for name, c in gradient_audit.parts.items() if not c.too_small}
     if not watched:
         raise UserError(f"method '{config.method}' has no private part large enough for canaries (one coordinate "
                         "each): nothing to audit white-box; use bench audit without --white-box")

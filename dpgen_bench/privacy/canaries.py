@@ -65,6 +65,8 @@ class DiracCanaries:
     """Attach ``m`` Dirac canaries to the DP optimizer ``dp_opt`` (an Opacus ``DPOptimizer``
     or ``DPOptimizerFastGradientClipping``) of a part sampled at ``sample_rate``."""
 
+    too_small = False  # a DPSGD part always has room (too many canaries is an error instead)
+
     def __init__(self, dp_opt, m: int, sample_rate: float, seed: int):
         params = list(dp_opt.params)
         sizes = [p.numel() for p in params]
@@ -130,14 +132,14 @@ class SanitizerCanaries:
         rng = np.random.default_rng([seed, 0x5A17])
         self.included = rng.random(m) < 0.5
         self.sample_rate = float(sample_rate)
-        # the per-row (rows) or total (whole) change: 2C for a clipped gradient; a one-shot
-        # release of a sum (privacy.release.GaussianRelease) says its own (its sensitivity Δ)
-        self.shift = float(getattr(sanitizer, "canary_shift", None) or 2.0 * float(sanitizer.max_norm))
-        self.fit_to_size = bool(getattr(sanitizer, "canaries_fit_to_size", False))
-        # a one-shot release of a sum over the dataset: the adversary of the DP definition knows
-        # every other record, hence the sum without the canaries, and scores the released
-        # value minus it (else the data's own sums, ≫ Δ, drown a single observation)
-        self.subtract_clean = bool(getattr(sanitizer, "canaries_subtract_clean", False))
+        # the per-row (rows) or total (whole) change: 2C for a clipped gradient, the sensitivity
+        # Δ for a release of a sum (privacy.release.GaussianRelease)
+        self.shift = float(sanitizer.canary_shift)
+        self.fit_to_size = bool(sanitizer.canaries_fit_to_size)
+        # a release of a sum over the dataset: the adversary of the DP definition knows every
+        # other record, hence the sum without the canaries, and scores the released value
+        # minus it (else the data's own sums, ≫ Δ, drown a single observation)
+        self.subtract_clean = bool(sanitizer.canaries_subtract_clean)
         self._clean = None
         self.too_small = False  # a release of one coordinate: no audit of it (GradientAudit drops it)
         self.scores = np.zeros(m)

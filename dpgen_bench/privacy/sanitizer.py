@@ -35,6 +35,10 @@ class GradientSanitizer:
     # how far one record can move the clipped batch (privacy.canaries.SanitizerCanaries):
     # every row by 2C (rows clipped one by one)
     clip_geometry = "rows"
+    # the canaries' interface (privacy.release.GaussianRelease sets the other choices): as many
+    # canaries as asked or an error, scored on the released batch itself
+    canaries_fit_to_size = False
+    canaries_subtract_clean = False
 
     def __init__(self, max_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
                  scale: float = 1.0, on_release: Callable[[], None] | None = None):
@@ -55,6 +59,12 @@ class GradientSanitizer:
         # white-box audit (privacy.canaries.SanitizerCanaries): added to the clipped batch
         # before the noise, scored on the released batch before ``scale``
         self.canaries = None
+
+    @property
+    def canary_shift(self) -> float:
+        """A canary's size: one record moves a clipped row (or, for one clip of the whole
+        tensor, the tensor) by at most 2C."""
+        return 2.0 * self.max_norm
 
     def clip(self, grad: Tensor) -> Tensor:
         """Rows (examples) scaled to norm ≤ C: g · min(1, C / ‖g‖)."""
