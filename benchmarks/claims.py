@@ -250,9 +250,34 @@ def anchor(claim_id: str, dataset: str) -> str:
     return f"{claim_id}-{dataset}"
 
 
+KEPT_NOTE = ("_Kept as last rendered: the machine that regenerated this block holds fewer of this claim's runs "
+             "than this section shows (`results/` is not in git); `--run` there renews it._")
+
+
+def old_section(block: str, claim_id: str, dataset: str) -> str | None:
+    """A claim's section in a block as it stands (its anchor up to the next claim's anchor or
+    the block's date line), or None."""
+    for name in (anchor(claim_id, dataset), claim_id):
+        tag = f'<a id="{name}"></a>'
+        if tag in block:
+            rest = tag + block.split(tag, 1)[1]
+            end = [i for i in (rest.find('<a id="', 1), rest.find("\n_Last regenerated")) if i > 0]
+            return rest[:min(end)].rstrip("\n") if end else rest.rstrip("\n")
+    return None
+
+
+def _fewer_here(section: str, arms: dict[str, Arm]) -> bool:
+    """Whether some arm of a rendered section had more complete seeds there than its records
+    here: re-rendering would then lose results this machine does not hold."""
+    before = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| (.+?) \| (\d+)/\d+ \|", section, re.M)}
+    return any(len(a.eps) < before.get(name, 0) for name, a in arms.items())
+
+
 def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],
-                 seconds: float | None) -> str:
-    """One dataset's block (without its markers): where its runs ran, a section per claim, the date."""
+                 seconds: float | None, previous: str = "") -> str:
+    """One dataset's block (without its markers): where its runs ran, a section per claim, the
+    date. A claim for which this machine holds fewer runs than ``previous`` (the block as it
+    stood) showed keeps that section, marked as kept, instead of losing results."""
     lines = []
     machines: dict[str, int] = {}
     for arms in arms_by_claim.values():
@@ -264,6 +289,14 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
                   "per arm): " + "; ".join(f"{n} on {m}" for m, n in sorted(machines.items())) + ".", ""]
     for claim in claims:
         arms = arms_by_claim[claim["id"]]
+        kept = old_section(previous, claim["id"], dataset)
+        if kept is not None and not _fewer_here(kept, arms):
+            kept = None
+        if kept is not None:
+            if KEPT_NOTE not in kept:
+                kept += "\n\n" + KEPT_NOTE
+            lines += [kept, ""]
+            continue
         results = [r for exp in claim["expect"] for r in check(spec, exp, arms)]
         verdict = claim_verdict(results)
         metrics = list(dict.fromkeys([e["metric"] for e in claim["expect"]] +
@@ -410,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                 read_arm(a, root)
         for d in datasets:
             covered = [c for c in claims if (d, c["id"]) in arms]
-            blocks[d] = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds)
+            blocks[d] = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
+                                     previous=blocks.get(d, ""))
         with store.atomic_open(args.out, "w") as f:
             f.write(render(spec, blocks))
         kept = [d for d in blocks if d not in datasets]

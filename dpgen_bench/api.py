@@ -372,3 +372,15 @@ class Evaluator(abc.ABC):
     @abc.abstractmethod
     def evaluate(self, run: EvalInput) -> dict[str, Any]:
         """Return ``{"metrics": {key: value}, "protocol": {...}}``; keys name the protocol."""
+
+    # Optional: work that depends only on the real data, the seed and the device, never on a
+    # run's samples (the real2gen CNN, trained once and cached). ``bench sweep`` calls it
+    # once per (dataset, split, seed, device) in a worker of its own before the cells, so
+    # that parallel cells do not wait on each other for it; ``evaluate`` must still work
+    # (and give the same result) when it was never called.
+    has_prepare: ClassVar[bool] = False
+
+    def prepare(self, data: ImageData, *, seed: int, device: torch.device) -> dict[str, Any]:
+        """Build what ``evaluate`` would build for ``data`` and cache it; returns a short
+        protocol (e.g. ``{"classifier_cache": "built"}``)."""
+        return {}

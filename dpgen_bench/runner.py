@@ -135,6 +135,17 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     """Validate everything and calibrate the privacy plan, without training."""
     method_cls, budget = check_config(config)
     device = resolve_device(config.device)
+    data, n_plan = cell_data(config, data_root)
+    info = DataInfo(data.name, data.image_shape, data.num_classes, n_plan)
+    method, ledger = _calibrate(config, method_cls, budget, info)
+    if config.noise_off:
+        ledger.switch_noise_off()
+    return Prepared(config, method, data, ledger, device, data_root)
+
+
+def cell_data(config: RunConfig, data_root: str | None = None) -> tuple[ImageData, int]:
+    """The data a run of ``config`` trains and is evaluated on (its members and canaries
+    drawn in), and the N its privacy plan is calibrated for."""
     data = load_dataset(config.dataset, config.eval_split, root=data_root)
     check_members(config, data.name, len(data.train), len(data.test))
     full_train = data.train  # canary images come from the whole training split, --members or not
@@ -150,11 +161,19 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
         # mechanism fixed before the draw): N = N0 + m, every canary counted; each record is
         # Poisson-sampled at the planned rate, so the accounting is exact for the run's data
         n_plan += config.canaries
-    info = DataInfo(data.name, data.image_shape, data.num_classes, n_plan)
-    method, ledger = _calibrate(config, method_cls, budget, info)
-    if config.noise_off:
-        ledger.switch_noise_off()
-    return Prepared(config, method, data, ledger, device, data_root)
+    return data, n_plan
+
+
+def prepare_evaluators(config: RunConfig, data_root: str | None = None) -> dict[str, Any]:
+    """Run every ``Evaluator.prepare`` of ``config.evaluators`` on the data a run of
+    ``config`` would be evaluated on (``bench sweep`` calls it once per dataset, split,
+    seed and device, ahead of the cells). Returns ``{evaluator: protocol}``."""
+    names = [n for n in config.evaluators if registry.evaluators.get(n).has_prepare]
+    if not names:
+        return {}
+    data, _ = cell_data(config, data_root)
+    device = resolve_device(config.device)
+    return {n: registry.evaluators.get(n)().prepare(data, seed=config.seed, device=device) for n in names}
 
 
 def _calibrate(config: RunConfig, method_cls: type, budget: Budget, info: DataInfo) -> tuple[Method, PrivacyLedger]:

@@ -12,6 +12,7 @@ never rewritten.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -159,6 +160,31 @@ def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, thre
             "epsilon": result["privacy"]["epsilon"]}
 
 
+def prepare_cell(config_json: dict, data_root: str | None = None, threads: int | None = None) -> dict[str, Any]:
+    """The evaluators' real-data work for ``config`` (``runner.prepare_evaluators``), in a
+    worker, ahead of the cells that share it."""
+    setup_logging(False)
+    if threads:
+        torch.set_num_threads(threads)
+    t = time.time()
+    out = runner.prepare_evaluators(RunConfig.from_json(config_json), data_root)
+    return {"seconds": time.time() - t, "prepared": out}
+
+
+def shared_preparations(cells: list[Cell]) -> list[RunConfig]:
+    """One config per distinct (dataset, split, seed, members, canaries, device) among the
+    cells whose evaluators have real-data work to prepare (``Evaluator.has_prepare``), with
+    only those evaluators. Worth a task of its own only when two or more cells share it."""
+    groups: dict[tuple, list[RunConfig]] = {}
+    for cell in cells:
+        c = cell.config
+        names = tuple(n for n in c.evaluators if registry.evaluators.get(n).has_prepare)
+        if names:
+            key = (c.dataset, c.eval_split, c.seed, c.members, c.canaries, c.device, names)
+            groups.setdefault(key, []).append(c)
+    return [dataclasses.replace(cs[0], evaluators=key[-1]) for key, cs in groups.items() if len(cs) > 1]
+
+
 def visible_gpus() -> list[str]:
     """The CUDA devices a local sweep may spread its workers over (respecting an existing
     ``CUDA_VISIBLE_DEVICES``); empty without CUDA."""
@@ -232,8 +258,20 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         init = dict(initializer=_pin_worker_gpu, initargs=(ctx.Value("i", 0), gpus)) if gpus else {}
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, **init) as pool:
             threads = max(1, (os.cpu_count() or 1) // jobs)
+            # the evaluators' shared real-data work first (the real2gen CNN): one worker builds it
+            # while the others train, instead of the first cells queueing on its lock
+            prep = {pool.submit(prepare_cell, c.to_json(), data_root, threads): c for c in shared_preparations(todo)}
             futures = {pool.submit(run_cell, cfg, d, data_root, threads, r): cell for cell, cfg, d, r in args}
-            for fut in as_completed(futures):
+            for fut in as_completed([*prep, *futures]):
+                if fut in prep:
+                    c = prep[fut]
+                    try:
+                        log.info("prepared %s for %s seed %d in %.1fs", ", ".join(c.evaluators), c.dataset, c.seed,
+                                 fut.result()["seconds"])
+                    except Exception as e:  # noqa: BLE001 - the cells then prepare it themselves
+                        log.warning("preparing %s for %s failed (%s); each cell will do it", ", ".join(c.evaluators),
+                                    c.dataset, e)
+                    continue
                 try:
                     finished(futures[fut], fut.result())
                 except Exception as e:  # noqa: BLE001 - one failed cell must not stop the sweep

@@ -1,8 +1,8 @@
-"""The Inception feature extractor behind FID and KID (``evaluators.fid``): torch-fidelity's
-(Obukhov et al., https://github.com/toshas/torch-fidelity, v0.4.0) ``inception-v3-compat``
-InceptionV3, i.e. the 2015-12-05 TensorFlow graph used by the reference FID code (Heusel
-et al. 2017, TTUR ``fid.py``) and by KID (Bińkowski et al. 2018), with its 2048-d pool3
-features.
+"""The Inception feature extractor behind FID, KID and precision / recall (``evaluators.fid``):
+torch-fidelity's (Obukhov et al., https://github.com/toshas/torch-fidelity, v0.4.0)
+``inception-v3-compat`` InceptionV3, i.e. the 2015-12-05 TensorFlow graph used by the
+reference FID code (Heusel et al. 2017, TTUR ``fid.py``) and by KID (Bińkowski et al. 2018),
+with its 2048-d pool3 features.
 
 Weights, no download. torch-fidelity fetches its weights from GitHub on first use, which
 this machine cannot reach; the same TensorFlow weights ship inside the
@@ -19,7 +19,7 @@ repeated to 3 channels, and torch-fidelity's extractor resizes them to 299×299 
 (TF1-compatible bilinear).
 
 Caches: the features of the last sets extracted stay in memory (:func:`features_memoised`:
-FID then KID on the same samples extract once); the features, mu and sigma of a real split
+FID, KID and PRC on the same samples extract once); the features, mu and sigma of a real split
 are cached on disk per (dataset, split, image size, n, content digest, extractor)
 (:func:`real_statistics`).
 

@@ -27,16 +27,28 @@ this file:
 Network: ``dpgen_bench.nets.unet.ConditionalUNet`` (DDPM++-style; the paper's MNIST
 network is nf = 32, (1, 2, 2), 2 blocks, attention at 7×7).
 
-Departures from the paper (first increment, issue 32):
-- Only ``tiny`` (tests) and ``quick`` presets (digits, mnist-5k) so far; the ``paper`` presets
-  (MNIST / Fashion-MNIST / CelebA-32, B = 4,096, K = 32, 300 epochs) and the DP-FETA warm
-  start are not written yet.
-- ``quick`` (digits 16×16, CPU): nf = 16, levels (1, 2), one block per level, attention
-  only in the middle (4×4), K = 2, B = 32, 400 steps, 12 sampler steps: minutes on 2 cores
-  (not tuned yet); the paper's network, K = 32 and B = 4,096 are far beyond a CPU budget.
-  The DP step costs ~2.7× the same non-private step here (one thread, B·K = 256 rows).
-  Measured (seed 0, test split, ε = 10): gen2real CNN 0.24 after 2 min 8 s of training on
-  one core; the samples are digit-like strokes, mostly not yet readable.
+- **Sampler:** also the authors' deterministic "ddim" sampler (``sampler: euler``,
+  ``euler_sample``): Euler steps of the same ODE on the ρ schedule, output D(x; σ_min); the
+  one their MNIST / Fashion-MNIST / CelebA configs use, so the ``paper`` presets use it.
+
+Departures from the paper and the authors' code (docs/provenance.md, value by value):
+- ``paper`` presets (MNIST, Fashion-MNIST, CelebA-Gender-32) take the authors' configs:
+  B = 4,096 (2,048), K = 32, Adam 3e-4, EMA 0.999, C = 1, 300 epochs = T = 4,500 (27,000
+  on our CelebA-Gender-32), 50 Euler steps. σ is calibrated here at q = B/N with our RDP
+  orders; theirs come from Opacus' loader rate 1/⌈N/B⌉ (σ 2.549 here vs 2.488 at ε = 10).
+  At ε = 0.2 their MNIST config uses a v-prediction denoiser (and sets ε = 10 inside a file
+  named eps_0.2): here it is EDM at every ε. Their CelebA model is unconditional; ours is
+  conditional on gender (the harness' CelebA-Gender tables need labels). The network is our
+  DDPM++-style ``ConditionalUNet`` with NCSN++'s widths, depth and attention, not NCSN++
+  itself (plain conv down/up-sampling instead of BigGAN blocks). The paper presets have not
+  run yet (a GPU job: issue 28).
+- ``quick`` (digits 16×16, CPU): nf = 16, levels (1, 2), one block per level, no attention,
+  K = 2, B = 32, 400 steps, 12 Heun steps: minutes on 2 cores (not tuned yet); the paper's
+  network, K = 32 and B = 4,096 are far beyond a CPU budget. The DP step costs ~2.7× the
+  same non-private step here (one thread, B·K = 256 rows). Measured (seed 0, test split,
+  ε = 10): gen2real CNN 0.24 after 2 min 8 s of training on one core; the samples are
+  digit-like strokes, mostly not yet readable.
+- DP-FETA's warm start is not written yet.
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, 
 
 PART = "denoiser"
 SIGMA_DATA = 0.5
+SAMPLERS = ("heun", "euler")
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,8 @@ class DPDMHparams:
     dropout: float = 0.0
     p_mean: float = -1.2
     p_std: float = 1.2
-    sampler_steps: int = 18  # N of the Heun sampler (2N − 1 network evaluations)
+    sampler: str = "heun"  # "heun": EDM's Heun (2N − 1 evaluations); "euler": the authors' "ddim" (N)
+    sampler_steps: int = 18  # N: points of the ρ schedule from σ_max to σ_min
     sigma_min: float = 0.002
     sigma_max: float = 80.0
     rho: float = 7.0
@@ -83,6 +97,7 @@ class DPDMHparams:
     s_tmax: float = 50.0
     s_noise: float = 1.003
     log_every: int = 50
+    max_physical_batch: int | None = None  # examples (K rows each) per chunk of a step; None: one pass
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -95,6 +110,10 @@ class DPDMHparams:
             raise ValueError("ema_decay must be in [0, 1)")
         if self.sampler_steps < 1:
             raise ValueError("sampler_steps must be ≥ 1")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}")
+        if self.max_physical_batch is not None and self.max_physical_batch < 1:
+            raise ValueError("max_physical_batch must be ≥ 1 (or None: the whole batch)")
         object.__setattr__(self, "ch_mult", tuple(int(c) for c in self.ch_mult))
         object.__setattr__(self, "attn_resolutions", tuple(int(r) for r in self.attn_resolutions))
 
@@ -151,9 +170,29 @@ def edm_sample(net: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], h: 
     return x.float()
 
 
+@torch.no_grad()
+def euler_sample(net: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], h: DPDMHparams,
+                 rng: torch.Generator) -> torch.Tensor:
+    """The authors' deterministic "ddim" sampler (``samplers.py`` of nv-tlabs/DPDM, the one
+    their MNIST / Fashion-MNIST / CelebA configs use): Euler steps of the probability-flow
+    ODE dx/dt = (x − D(x; t))/t between the N points t_0 = σ_max > … > t_{N−1} = σ_min of
+    the ρ schedule (N − 1 evaluations), then the output is the denoiser's estimate
+    D(x; σ_min) (one more): N network evaluations in all."""
+    t = sigma_schedule(h)[:-1]  # t_0 … t_{N−1}; no t_N = 0 here
+    x = torch.randn(len(labels), *shape, generator=rng, dtype=torch.float64) * t[0]
+    for i in range(len(t) - 1):
+        x = x + (t[i + 1] - t[i]) * (x - _d(net, x, t[i], labels)) / t[i]
+    return _d(net, x, t[-1], labels).float()
+
+
 def _d(net, x, t, labels):
     sigma = torch.full((len(x),), float(t))
     return denoise(net, x.float(), sigma, labels).double()
+
+
+_PAPER_28 = dict(batch_size=4096, noise_multiplicity=32, steps=4500, max_grad_norm=1.0, lr=3e-4, ema_decay=0.999,
+                 nf=32, ch_mult=(1, 2, 2), num_res_blocks=2, attn_resolutions=(7,), dropout=0.0, p_mean=-1.2,
+                 p_std=1.2, sampler="euler", sampler_steps=50, max_physical_batch=256)
 
 
 class DPDM(Method):
@@ -163,6 +202,7 @@ class DPDM(Method):
     private = True
     conditional = True
     Hparams = DPDMHparams
+    bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch"}
     presets = {
         "quick": {
             # digits 16×16, CPU: a narrow U-Net without attention, K = 4 (benchmarks/presets.md)
@@ -176,6 +216,22 @@ class DPDM(Method):
             "mnist-5k": dict(batch_size=32, noise_multiplicity=1, steps=150, nf=8, ch_mult=(1, 2),
                              num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=6,
                              samples_per_class=100),
+        },
+        # The paper's settings (Dockhorn et al., TMLR 2023, App. / the authors' configs
+        # configs/{mnist_28,fmnist_28,celeba_32}/train_eps_*.yaml; docs/provenance.md value by
+        # value): EDM loss, B = 4,096 (2,048 CelebA), K = 32, Adam 3e-4, EMA 0.999, C = 1, 300
+        # epochs, the authors' "ddim" (Euler) sampler with 50 steps; NCSN++ nf = 32, (1, 2, 2),
+        # 2 blocks, attention at 7 (MNIST) or 16 and 8 (CelebA-32). T = 300 epochs × ⌈N/B⌉
+        # batches (their Opacus loader runs ⌈N/B⌉ batches an epoch): 4,500 at N = 60,000,
+        # 27,000 for our CelebA-Gender-32 (N = 182,637); σ is calibrated here at q = B/N for
+        # that T (theirs: q = 1/⌈N/B⌉, slightly smaller). Chunks of 256 (128) examples, i.e.
+        # 8,192 (4,096) rows: the authors' physical batch is 8,192; the update is the same.
+        # 60,000 generated images for evaluation.
+        "paper": {
+            "mnist": dict(_PAPER_28, samples_per_class=6000),
+            "fashion-mnist": dict(_PAPER_28, samples_per_class=6000),
+            "celeba-gender-32": dict(_PAPER_28, batch_size=2048, steps=27_000, attn_resolutions=(16, 8),
+                                     max_physical_batch=128, delta=1e-6, samples_per_class=30_000),
         },
         "tiny": {  # tests only: seconds
             "*": dict(batch_size=16, noise_multiplicity=2, steps=8, nf=8, ch_mult=(1, 2), num_res_blocks=1,
@@ -211,6 +267,37 @@ class DPDM(Method):
         noise = torch.randn(x.shape, generator=gen, device=x.device)
         return x, y, sigma, noise
 
+    def _step(self, net, opt, train: Split, idx: torch.Tensor, gen: torch.Generator) -> float:
+        """One update on the examples ``idx`` (K noised rows each); returns the mean row loss.
+
+        With ``max_physical_batch`` the examples go through the network in chunks (the
+        authors use Opacus' BatchMemoryManager, physical batches of 8,192). Private: each
+        chunk's per-example gradients (each over its K rows) are clipped and summed with the
+        step skipped (``signal_skip_step``); the last chunk adds the noise once and steps,
+        so the update is Σ clip(g_i, C) + N(0, σ²C²) over the whole batch, divided by B,
+        whatever the chunking. Non-private: chunk means weighted by their share of the rows.
+        Every row's (σ, n) is drawn for the whole batch first: chunking changes nothing."""
+        k, cap = self.hparams.noise_multiplicity, self.hparams.max_physical_batch
+        x, y, sigma, noise = self._rows(train.images[idx], train.labels[idx], gen)
+        chunks = 1 if cap is None or len(idx) <= cap else math.ceil(len(idx) / cap)
+        total = 0.0
+        for i, ex in enumerate(torch.arange(len(idx)).tensor_split(chunks)):
+            rows = slice(int(ex[0]) * k, (int(ex[-1]) + 1) * k)
+            losses = edm_loss(net, x[rows], y[rows], sigma[rows], noise[rows])
+            total += losses.detach().sum().item()
+            if not self.private:
+                (losses.mean() * (len(losses) / len(x))).backward()
+                continue
+            private_backward(net, opt, losses, group=k)
+            last = i == chunks - 1
+            opt.signal_skip_step(do_skip=not last)
+            opt.step()  # not last: clip and accumulate only
+            if not last:
+                opt.zero_grad(set_to_none=True)  # frees this chunk's gradients, keeps the clipped sum
+        if not self.private:
+            opt.step()
+        return total / len(x)
+
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, dev = self.hparams, ctx.device
         train = train.to(dev)
@@ -244,16 +331,10 @@ class DPDM(Method):
             if len(idx) == 0:  # an empty Poisson batch: a pure-noise step, counted like every other
                 if self.private:
                     empty_batch(net)
+                opt.step()
             else:
-                x, y, sigma, noise = self._rows(train.images[idx], train.labels[idx], diff_gen)
-                losses = edm_loss(net, x, y, sigma, noise)
-                if self.private:
-                    private_backward(net, opt, losses, group=h.noise_multiplicity)
-                else:
-                    losses.mean().backward()
-                loss_sum += losses.detach().mean().item()
+                loss_sum += self._step(net, opt, train, idx, diff_gen)
                 seen += 1
-            opt.step()
             self._update_ema()
             bar.update(1)
             if t % h.log_every == 0 or t == total:
@@ -281,7 +362,8 @@ class DPDM(Method):
             labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
         labels = labels.long().cpu()
         net = self.ema.cpu().eval()
-        out = [edm_sample(net, labels[i:i + 512], self.info.image_shape, self.hparams, rng)
+        sampler = edm_sample if self.hparams.sampler == "heun" else euler_sample
+        out = [sampler(net, labels[i:i + 512], self.info.image_shape, self.hparams, rng)
                for i in range(0, n, 512)]
         images = torch.cat(out) if out else torch.zeros(0, *self.info.image_shape)
         return images.clamp(-1, 1), labels

@@ -171,9 +171,32 @@ def latest_per_seed(long: pd.DataFrame) -> pd.DataFrame:
     return long[(long["source"] != "ours") | long["run_id"].isin(keep)]
 
 
+def _declared_metrics(evaluator: str) -> tuple[str, ...]:
+    """The metric keys an evaluator records under names other than its own (``metric_names``
+    in its registration or on its class; prc: precision, recall, density, coverage)."""
+    try:
+        return tuple(registry.evaluators.attribute(evaluator, "metric_names") or ())
+    except Exception:  # noqa: BLE001 - none declared, or a plugin that fails to import
+        return ()
+
+
+def recording_evaluator(metric: str) -> str | None:
+    """The evaluator a metric key belongs to: the evaluator of that name, one that declares the
+    key in ``metric_names``, else the name before the last ``_`` (kid_std → kid); None if none."""
+    if metric in registry.evaluators:
+        return metric
+    for name in registry.evaluators.names():
+        if metric in _declared_metrics(name):
+            return name
+    base = metric.rsplit("_", 1)[0]
+    return base if base in registry.evaluators else None
+
+
 def higher_is_better(metric: str) -> bool | None:
-    name = metric if metric in registry.evaluators else metric.rsplit("_", 1)[0]
-    if name not in registry.evaluators:
+    if metric.endswith("_std") and metric not in registry.evaluators:
+        return None  # a spread recorded beside a metric (kid_std, gen2real_all_std): neither end is best
+    name = recording_evaluator(metric)
+    if name is None:
         return None
     try:
         return bool(registry.evaluators.attribute(name, "higher_is_better"))
@@ -247,8 +270,19 @@ class Table:
 
 
 def _metrics_order(metrics) -> list[str]:
+    """Metrics in the order of their evaluators' names; an evaluator's own key first, then the
+    keys it declares in their declared order (prc: precision, recall, density, coverage)."""
     order = list(registry.evaluators.names())
-    return sorted(set(metrics), key=lambda m: (order.index(m) if m in order else len(order), m))
+
+    def key(m: str):
+        owner = recording_evaluator(m)
+        if owner not in order:
+            return (len(order), 0, m)
+        declared = _declared_metrics(owner)
+        rank = 0 if m == owner else declared.index(m) + 1 if m in declared else len(declared) + 1
+        return (order.index(owner), rank, m)
+
+    return sorted(set(metrics), key=key)
 
 
 def arrow(metric: str) -> str:

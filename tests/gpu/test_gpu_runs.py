@@ -26,6 +26,7 @@ SHORT = {
     "dpaf": ["batches=400", "classifier_batches=100"],
     "gswgan": ["steps=300", "pretrain_steps=2", "num_discriminators=100"],
     "dpac": ["steps=300", "pretrain_steps=2", "num_discriminators=100", "t_c=100"],
+    "dpdm": ["steps=50"],  # B = 4,096 × K = 32 rows in 16 chunks a step: seconds a step
 }
 # ... and to a couple of steps (the CPU twin; paper width is slow on the CPU)
 TINY = {
@@ -33,6 +34,7 @@ TINY = {
     "dpaf": ["batches=8", "classifier_batches=2"],  # 𝔹 ≥ μ = 8: conv2* takes one step
     "gswgan": ["steps=2", "pretrain_steps=1", "num_discriminators=10"],
     "dpac": ["steps=2", "pretrain_steps=1", "num_discriminators=10", "t_c=1"],  # C is used at t = 2
+    "dpdm": ["steps=2", "batch_size=16", "noise_multiplicity=2", "max_physical_batch=8", "sampler_steps=3"],
 }
 
 

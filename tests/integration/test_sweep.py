@@ -70,3 +70,34 @@ def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert len([p for p in results.iterdir() if p.is_dir()]) == 3
     assert "| 10 | dpgan |" in res.stdout
+
+
+def test_shared_preparations_one_per_dataset_seed_when_cells_share_it():
+    """The real2gen CNN depends on the data and seed only: a sweep prepares it once per
+    (dataset, split, seed, device) in a worker of its own, and only where cells share it."""
+    from dpgen_bench.sweep import shared_preparations
+
+    cells = expand({"method": "dummy,dpmean", "eps": "1,10", "seeds": "0,1", "preset": "tiny",
+                    "eval": "gen2real_cnn,real2gen_cnn"})
+    preps = shared_preparations(cells)
+    assert sorted(c.seed for c in preps) == [0, 1]
+    assert all(c.evaluators == ("real2gen_cnn",) and c.dataset == "digits" for c in preps)
+    assert shared_preparations(expand({"method": "dummy,dpmean", "eps": "1", "preset": "tiny",
+                                       "eval": "gen2real_cnn"})) == []  # nothing to prepare
+    assert shared_preparations(expand({"method": "dummy", "eps": "1", "preset": "tiny",
+                                       "eval": "real2gen_cnn"})) == []  # one cell: no task of its own
+
+
+def test_prepared_real_cnn_is_the_one_the_cell_loads(monkeypatch, tmp_path, results):
+    from dpgen_bench.runner import run
+    from dpgen_bench.sweep import prepare_cell
+
+    monkeypatch.setenv("DPGEN_CACHE", str(tmp_path / "cache"))
+    cfg = expand({"method": "dummy", "eps": "1", "preset": "tiny", "eval": "real2gen_cnn"})[0].config
+    first = prepare_cell(cfg.to_json())["prepared"]["real2gen_cnn"]
+    assert first["classifier_cache"] == "built"
+    assert prepare_cell(cfg.to_json())["prepared"]["real2gen_cnn"] == {**first, "classifier_cache": "hit"}
+    out = run(cfg, out=str(tmp_path / "run"))
+    proto = json.loads((tmp_path / "run" / "eval.json").read_text())["protocol"]["real2gen_cnn"]
+    assert proto["classifier_cache"] == "hit" and proto["classifier_key"] == first["classifier_key"]
+    assert "real2gen_cnn" in out["metrics"]

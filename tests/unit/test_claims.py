@@ -264,3 +264,28 @@ def test_reference_rows_use_our_method_names():
 
     methods = set(load_references()["method"])
     assert {"dpmerf", "dpsinkhorn"} <= methods and not {"dp-merf", "dp-sinkhorn"} & methods
+
+
+def test_a_section_rendered_from_more_runs_than_this_machine_holds_is_kept(tmp_path):
+    """results/ is not in git: re-rendering a block on a machine that holds fewer of a claim's
+    runs than its section shows keeps that section (marked), instead of turning a verdict into
+    "not run yet"; with as many runs here as there, it is rendered anew."""
+    spec = claims.load_claims(CLAIMS_YAML)
+    claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
+    full = claims.build_arms(spec, claim, "digits")
+    for name, a in full.items():
+        _records(tmp_path / "there", a, [0.5, 0.6, 0.7] if name == "n_D = 5" else [0.2, 0.3, 0.25])
+        claims.read_arm(a, tmp_path / "there")
+    previous = claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None)
+    assert "| n_D = 5 | 3/3 |" in previous
+    here = claims.build_arms(spec, claim, "digits")
+    _records(tmp_path / "here", here["n_D = 1"], [0.2])  # one seed of one arm
+    for a in here.values():
+        claims.read_arm(a, tmp_path / "here")
+    block = claims.render_block(spec, "digits", [claim], {claim["id"]: here}, None, previous=previous)
+    section = claims.old_section(previous, claim["id"], "digits")
+    assert section in block and claims.KEPT_NOTE in block and "not run yet" not in block
+    again = claims.render_block(spec, "digits", [claim], {claim["id"]: here}, None, previous=block)
+    assert again.count(claims.KEPT_NOTE) == 1  # kept once, not re-marked
+    fresh = claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None, previous=block)
+    assert claims.KEPT_NOTE not in fresh and "| n_D = 5 | 3/3 |" in fresh

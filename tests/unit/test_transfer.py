@@ -13,7 +13,7 @@ def digits():
     return load_digits_data()
 
 
-@pytest.mark.parametrize("name", ["gen2real_cnn", "gen2real_mlp", "real2gen_cnn", "real2gen_mlp"])
+@pytest.mark.parametrize("name", ["gen2real_cnn", "gen2real_resnet", "gen2real_mlp", "real2gen_cnn", "real2gen_mlp"])
 def test_real_data_as_synthetic_scores_high(digits, name):
     ev = registry.evaluators.get(name)()
     assert ev.higher_is_better
@@ -62,3 +62,39 @@ def test_real2gen_on_a_class_sorted_set_tests_every_class(digits, name, monkeypa
     per = out["protocol"]["per_class"]
     assert sum(per) == 200 and len(per) == 10 and min(per) >= 18
     assert out["protocol"]["test_on"] == "synthetic (200)"
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 16), (1, 28, 28), (3, 32, 32)])
+def test_the_small_resnet_fits_grey_and_colour_images(shape):
+    from evaluators.transfer import ResNet
+
+    net = ResNet(shape, 10)
+    assert net(torch.zeros(2, *shape)).shape == (2, 10)
+    assert sum(p.numel() for p in net.parameters()) < 400_000  # trains in seconds on a CPU
+    assert len([m for m in net.modules() if type(m).__name__ == "BasicBlock"]) == 4  # one per stage
+
+
+def test_gen2real_all_is_the_mean_and_std_of_three_classifiers_trained_once(digits, monkeypatch):
+    import numpy as np
+
+    from evaluators import transfer
+
+    monkeypatch.setattr(transfer, "_GEN2REAL_MEMO", type(transfer._GEN2REAL_MEMO)())
+    x, y = digits.train.images[:400], digits.train.labels[:400]
+    run = EvalInput(digits, x, y, None, torch.device("cpu"), seed=0)
+    out = registry.evaluators.get("gen2real_all")().evaluate(run)
+    parts = [out["metrics"][n] for n in ("gen2real_cnn", "gen2real_resnet", "gen2real_mlp")]
+    assert out["metrics"]["gen2real_all"] == pytest.approx(np.mean(parts))
+    assert out["metrics"]["gen2real_all_std"] == pytest.approx(np.std(parts))  # population std, as DPImageBench
+    assert min(parts) > 0.8 and out["protocol"]["classifiers"] == ["cnn", "resnet", "mlp"]
+    assert out["protocol"]["gen2real_resnet"]["classifier"].startswith("resnet")
+
+    def no_training(*a, **k):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(transfer, "train_classifier", no_training)
+    monkeypatch.setattr(transfer, "mlp_accuracy", no_training)
+    again = registry.evaluators.get("gen2real_resnet")().evaluate(run)  # the same samples: memoised
+    assert again["metrics"]["gen2real_resnet"] == out["metrics"]["gen2real_resnet"] and again["protocol"]["memoised"]
+    assert registry.evaluators.get("gen2real_all")().evaluate(
+        EvalInput(digits, x, None, None, torch.device("cpu"), seed=0))["metrics"] == {}  # unconditional
