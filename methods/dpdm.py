@@ -64,7 +64,7 @@ from torch import nn
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.nets.unet import ConditionalUNet
 from dpgen_bench.privacy import steps_and_noise
-from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
+from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_chunk
 
 PART = "denoiser"
 SIGMA_DATA = 0.5
@@ -288,12 +288,7 @@ class DPDM(Method):
             if not self.private:
                 (losses.mean() * (len(losses) / len(x))).backward()
                 continue
-            private_backward(net, opt, losses, group=k)
-            last = i == chunks - 1
-            opt.signal_skip_step(do_skip=not last)
-            opt.step()  # not last: clip and accumulate only
-            if not last:
-                opt.zero_grad(set_to_none=True)  # frees this chunk's gradients, keeps the clipped sum
+            private_chunk(net, opt, losses, last=i == chunks - 1, group=k)
         if not self.private:
             opt.step()
         return total / len(x)

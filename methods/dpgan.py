@@ -57,7 +57,7 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
 from dpgen_bench.privacy import steps_and_noise
-from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_backward
+from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_chunk
 
 N_D_SCHEDULE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 PART = "discriminator"
@@ -260,12 +260,7 @@ class DPGAN(Method):
             if not self.private:
                 (losses.mean() * (len(xc) / rows)).backward()
                 continue
-            private_backward(D, opt_d, losses)
-            last = i == k - 1
-            opt_d.signal_skip_step(do_skip=not last)
-            opt_d.step()  # not last: clip and accumulate only
-            if not last:
-                opt_d.zero_grad(set_to_none=True)  # frees this chunk's gradients, keeps the clipped sum
+            private_chunk(D, opt_d, losses, last=i == k - 1)
         if not self.private:
             opt_d.step()
         return (total / rows).item()

@@ -122,6 +122,20 @@ def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tens
     (loss.mean() if loss.dim() > 0 else loss).backward(inputs=inputs)
 
 
+def private_chunk(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tensor, *, last: bool,
+                  group: int = 1) -> None:
+    """One physical chunk of a logical DP-SGD step (a batch too large for one pass): its
+    per-example gradients are clipped and added to the optimizer's running sum; a chunk
+    that is not ``last`` skips the step (``signal_skip_step``: no noise, nothing counted)
+    and frees its gradients, the ``last`` adds the noise once, steps and is counted. So
+    Σ clip(g_i, C) + N(0, σ²C²) over the whole batch, however it was chunked."""
+    private_backward(module, optimizer, loss, group=group)
+    optimizer.signal_skip_step(do_skip=not last)
+    optimizer.step()  # not last: clip and accumulate only
+    if not last:
+        optimizer.zero_grad(set_to_none=True)  # frees this chunk's gradients, keeps the clipped sum
+
+
 def empty_batch(module: nn.Module) -> None:
     """An empty Poisson batch: every example's (clipped) gradient is absent, so the step
     that follows adds pure noise (and is counted like every other)."""

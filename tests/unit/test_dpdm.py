@@ -77,13 +77,15 @@ def test_heun_sampler_lands_on_the_data_for_a_perfect_denoiser(churn):
 
 def test_fit_clips_k_rows_per_example_as_one_and_counts_every_step(monkeypatch):
     seen = []
-    real = dpdm.private_backward
+    from dpgen_bench.privacy import dpsgd
+
+    real = dpsgd.private_backward
 
     def spy(module, opt, loss, *, also=(), group=1):
         seen.append((len(loss), group))
         return real(module, opt, loss, also=also, group=group)
 
-    monkeypatch.setattr(dpdm, "private_backward", spy)
+    monkeypatch.setattr(dpsgd, "private_backward", spy)  # what dpdm's private_chunk calls
     h = _tiny(noise_multiplicity=3, steps=5)
     m = DPDM(h, INFO)
     budget = Budget(10.0)
