@@ -254,16 +254,23 @@ KEPT_NOTE = ("_Kept as last rendered: the machine that regenerated this block ho
              "than this section shows (`results/` is not in git); `--run` there renews it._")
 
 
-def old_section(block: str, claim_id: str, dataset: str) -> str | None:
-    """A claim's section in a block as it stands (its anchor up to the next claim's anchor or
-    the block's date line), or None."""
+def find_section(block: str, claim_id: str, dataset: str) -> tuple[str, str] | None:
+    """(anchor name, section) of a claim in a block as it stands: its anchor (``<id>-<dataset>``,
+    or ``<id>`` in a block rendered before anchors named their dataset) up to the next claim's
+    anchor or the block's date line; None if the block has no section for it."""
     for name in (anchor(claim_id, dataset), claim_id):
         tag = f'<a id="{name}"></a>'
         if tag in block:
             rest = tag + block.split(tag, 1)[1]
             end = [i for i in (rest.find('<a id="', 1), rest.find("\n_Last regenerated")) if i > 0]
-            return rest[:min(end)].rstrip("\n") if end else rest.rstrip("\n")
+            return name, (rest[:min(end)] if end else rest).rstrip("\n")
     return None
+
+
+def old_section(block: str, claim_id: str, dataset: str) -> str | None:
+    """A claim's section in a block as it stands (``find_section``), or None."""
+    found = find_section(block, claim_id, dataset)
+    return found[1] if found else None
 
 
 def _fewer_here(section: str, arms: dict[str, Arm]) -> bool:
@@ -342,19 +349,13 @@ def split_blocks(text: str) -> dict[str, str]:
 
 def block_verdicts(block: str, dataset: str, claims: list[dict]) -> dict[str, tuple[str, str]]:
     """claim id → (verdict, anchor) read from a block: the ``**Verdict: …**`` line of the
-    section that starts at the claim's anchor (``<id>-<dataset>``, or ``<id>`` in a block
-    rendered before anchors named their dataset). Claims without a section are left out."""
+    claim's section (``find_section``). Claims without a section are left out."""
     out = {}
     for claim in claims:
-        for name in (anchor(claim["id"], dataset), claim["id"]):
-            tag = f'<a id="{name}"></a>'
-            if tag not in block:
-                continue
-            section = block.split(tag, 1)[1].split('<a id="', 1)[0]
-            m = re.search(r"^- \*\*Verdict: (.+)\*\*$", section, re.M)
-            if m:
-                out[claim["id"]] = (m.group(1), name)
-            break
+        found = find_section(block, claim["id"], dataset)
+        m = re.search(r"^- \*\*Verdict: (.+)\*\*$", found[1], re.M) if found else None
+        if m:
+            out[claim["id"]] = (m.group(1), found[0])
     return out
 
 

@@ -164,11 +164,16 @@ def cell_data(config: RunConfig, data_root: str | None = None) -> tuple[ImageDat
     return data, n_plan
 
 
+def evaluators_to_prepare(names) -> tuple[str, ...]:
+    """Those of the evaluators ``names`` that have real-data work to prepare (``has_prepare``)."""
+    return tuple(n for n in names if registry.evaluators.get(n).has_prepare)
+
+
 def prepare_evaluators(config: RunConfig, data_root: str | None = None) -> dict[str, Any]:
     """Run every ``Evaluator.prepare`` of ``config.evaluators`` on the data a run of
     ``config`` would be evaluated on (``bench sweep`` calls it once per dataset, split,
     seed and device, ahead of the cells). Returns ``{evaluator: protocol}``."""
-    names = [n for n in config.evaluators if registry.evaluators.get(n).has_prepare]
+    names = evaluators_to_prepare(config.evaluators)
     if not names:
         return {}
     data, _ = cell_data(config, data_root)

@@ -178,7 +178,7 @@ def shared_preparations(cells: list[Cell]) -> list[RunConfig]:
     groups: dict[tuple, list[RunConfig]] = {}
     for cell in cells:
         c = cell.config
-        names = tuple(n for n in c.evaluators if registry.evaluators.get(n).has_prepare)
+        names = runner.evaluators_to_prepare(c.evaluators)
         if names:
             key = (c.dataset, c.eval_split, c.seed, c.members, c.canaries, c.device, names)
             groups.setdefault(key, []).append(c)
