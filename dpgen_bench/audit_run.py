@@ -57,7 +57,8 @@ from .api import Method, Split
 from .attacks import full_black_box_distance, white_box_distance
 from .config import RunConfig
 from .errors import PrivacyViolation, UserError
-from .privacy.audit_bounds import best_one_run_bound
+from .privacy.accounting import privacy_profile
+from .privacy.audit_bounds import best_one_run_bound, fdp_gaussian_bound, profile_rejected
 
 log = logging.getLogger("dpgen_bench")
 
@@ -84,10 +85,44 @@ def score_canaries(method: Method, canaries: Split, seed: int) -> tuple[dict[str
     return scores, used
 
 
+TESTS_PER_ATTACK = 2  # the ε-bound against the accountant's ε, and the accountant's whole curve
+
+
 def per_attack_confidence(confidence: float, attacks: int) -> float:
     """The level each of ``attacks`` bounds is computed at so that all hold together with
     probability ≥ ``confidence`` (union bound: 1 − (1 − confidence) / attacks)."""
     return 1.0 - (1.0 - confidence) / max(1, attacks)
+
+
+def attack_bounds(scores, included, *, delta: float, confidence: float,
+                  profile: list[tuple[float, float]] | None) -> dict[str, Any]:
+    """One attack's statistics, each at ``confidence``: Steinke et al.'s ε lower bound (the
+    keys of ``best_one_run_bound``), Mahloujifar et al.'s Gaussian-curve audit
+    (``fdp_gaussian``: the largest rejected μ and its ε at δ, the paper's "empirical ε",
+    descriptive) and whether the guesses reject the accountant's whole privacy profile
+    (``accountant_curve_rejected``; None for a run without one). The two tests that can raise a
+    violation (ε-bound > the accountant's ε, curve rejected) are why each attack counts as
+    ``TESTS_PER_ATTACK`` tests in the union bound."""
+    bound = best_one_run_bound(scores, included, delta=delta, confidence=confidence)
+    gdp = fdp_gaussian_bound(scores, included, delta=delta, confidence=confidence)
+    bound["fdp_gaussian"] = {k: gdp[k] for k in ("mu_lower_bound", "epsilon", "guesses", "correct")}
+    bound["accountant_curve_rejected"] = (None if profile is None else
+                                          profile_rejected(scores, included, profile=profile,
+                                                           confidence=confidence)["rejected"])
+    bound["auc"] = float(roc_auc_score(included, scores))  # diagnostic: how well the score separates at all
+    return bound
+
+
+def _profile(p) -> list[tuple[float, float]] | None:
+    """The accountant's privacy profile of the run's parts (None: not private, or noise off)."""
+    if not p.budget.private or p.ledger.noise_off:
+        return None
+    return privacy_profile(list(p.ledger.report().parts), p.budget.delta)
+
+
+def _violations(attacks: dict[str, dict[str, Any]], eps_rdp: float) -> list[str]:
+    return sorted(a for a, r in attacks.items()
+                  if r["epsilon_lower_bound"] > eps_rdp or r.get("accountant_curve_rejected"))
 
 
 def run_audit(config: RunConfig, *, out: str | None = None, results: str | None = None,
@@ -107,17 +142,15 @@ def run_audit(config: RunConfig, *, out: str | None = None, results: str | None 
     t_run = time.time() - t0
     scores, used = score_canaries(p.method, p.data.canaries, config.seed)
     delta = p.budget.delta
-    attacks = {}
-    # a violation is declared when ANY attack's bound exceeds the accountant's ε: each attack is
-    # tested at 1 − β/A (Bonferroni over the A attacks), so the run's false alarm rate is ≤ β
-    per_attack = per_attack_confidence(confidence, len(scores))
-    for name, s in scores.items():
-        attacks[name] = best_one_run_bound(s.numpy(), p.data.canary_included, delta=delta, confidence=per_attack)
-        # diagnostic beside the bound: how well the score separates included canaries at all
-        attacks[name]["auc"] = float(roc_auc_score(p.data.canary_included, s.numpy()))
+    # a violation is declared when ANY attack's bound exceeds the accountant's ε or rejects its
+    # curve: each of the 2A tests is at 1 − β/(2A) (Bonferroni), so the false alarm rate is ≤ β
+    per_attack = per_attack_confidence(confidence, TESTS_PER_ATTACK * len(scores))
+    profile = _profile(p)
+    attacks = {name: attack_bounds(s.numpy(), p.data.canary_included, delta=delta, confidence=per_attack,
+                                   profile=profile) for name, s in scores.items()}
     eps = record["privacy"]["epsilon"]
     eps_rdp = float(eps["rdp"])
-    violations = sorted(a for a, r in attacks.items() if r["epsilon_lower_bound"] > eps_rdp)
+    violations = _violations(attacks, eps_rdp)
     audit = {
         "method": config.method, "dataset": config.dataset, "seed": config.seed,
         "canaries": config.canaries, "included": int(p.data.canary_included.sum()),
@@ -130,8 +163,9 @@ def run_audit(config: RunConfig, *, out: str | None = None, results: str | None 
     }
     store.write_json(Path(run_dir) / store.AUDIT_FILE, audit)
     if violations and math.isfinite(eps_rdp) and not record["privacy"].get("noise_off"):
-        raise PrivacyViolation(f"audit of {run_dir}: the lower bound of {', '.join(violations)} exceeds the "
-                               f"accountant's ε = {eps_rdp:.4g}: a privacy or audit bug (audit.json keeps the evidence)")
+        raise PrivacyViolation(f"audit of {run_dir}: {', '.join(violations)} exceeds the accountant's ε = "
+                               f"{eps_rdp:.4g} or rejects its privacy curve: a privacy or audit bug (audit.json "
+                               "keeps the evidence)")
     return {"run_dir": str(run_dir), **audit}
 
 
@@ -165,11 +199,12 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     if not watched:
         raise UserError(f"method '{config.method}' has no private part large enough for canaries (one coordinate "
                         "each): nothing to audit white-box; use bench audit without --white-box")
-    per_attack = per_attack_confidence(confidence, len(watched))
+    per_attack = per_attack_confidence(confidence, TESTS_PER_ATTACK * len(watched))
+    profile = _profile(p)
     attacks, observed = {}, {}
     for name, canaries in watched.items():
-        bound = best_one_run_bound(canaries.scores, canaries.included, delta=p.budget.delta, confidence=per_attack)
-        bound["auc"] = float(roc_auc_score(canaries.included, canaries.scores))
+        bound = attack_bounds(canaries.scores, canaries.included, delta=p.budget.delta, confidence=per_attack,
+                              profile=profile)
         bound["releases"] = canaries.steps
         attacks[f"white_box_grad_{name}"] = bound
         observed[name] = {"canaries": type(canaries).__name__, "count": len(canaries.included),
@@ -178,7 +213,7 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
                           "noise_multiplier": planned[name].noise_multiplier if name in planned else None}
     eps = record["privacy"]["epsilon"]
     eps_rdp = float(eps["rdp"])
-    violations = sorted(a for a, r in attacks.items() if r["epsilon_lower_bound"] > eps_rdp)
+    violations = _violations(attacks, eps_rdp)
     audit = {
         "method": config.method, "dataset": config.dataset, "seed": config.seed, "mode": "white_box",
         "canaries": config.gradient_canaries,
@@ -193,15 +228,22 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     }
     store.write_json(Path(run_dir) / store.AUDIT_FILE, audit)
     if violations:
-        raise PrivacyViolation(f"audit of {run_dir}: the white-box lower bound of {', '.join(violations)} exceeds "
-                               f"the accountant's ε = {eps_rdp:.4g}: a privacy bug (audit.json keeps the evidence)")
+        raise PrivacyViolation(f"audit of {run_dir}: the white-box audit of {', '.join(violations)} exceeds the "
+                               f"accountant's ε = {eps_rdp:.4g} or rejects its privacy curve: a privacy bug "
+                               "(audit.json keeps the evidence)")
     return {"run_dir": str(run_dir), **audit}
 
 
 def summary_line(audit: dict[str, Any]) -> str:
     acc = audit["epsilon_accountant"]
-    bounds = ", ".join(f"{a} {r['epsilon_lower_bound']:.3g} ({r['correct']}/{r['guesses']} correct)"
-                       for a, r in audit["attacks"].items())
+    def one(a: str, r: dict[str, Any]) -> str:
+        text = f"{a} {r['epsilon_lower_bound']:.3g} ({r['correct']}/{r['guesses']} correct"
+        if "fdp_gaussian" in r:
+            text += f"; Gaussian-curve ε {r['fdp_gaussian']['epsilon']:.3g}"
+        if r.get("accountant_curve_rejected"):
+            text += "; REJECTS the accountant's curve"
+        return text + ")"
+    bounds = ", ".join(one(a, r) for a, r in audit["attacks"].items())
     fmt = (lambda v: "∞" if math.isinf(v) else f"{v:.3g}")
     per = audit.get("confidence_per_attack", audit["confidence"])
     line = (f"audit: ε accountant {fmt(acc['rdp'])} (RDP) / {fmt(acc['prv'])} (PRV); ε lower bound at "

@@ -223,6 +223,20 @@ def _compose_rdp(live: tuple[tuple[float, float, int, str], ...], delta: float) 
         return float(get_privacy_spent(orders=_INT_ORDERS, rdp=rdp, delta=delta)[0])
 
 
+PROFILE_DELTAS = tuple(10.0 ** (-k / 2) for k in range(2, 29))  # 1e-1 ... 1e-14, half-decades
+
+
+def privacy_profile(parts: Sequence[PrivacyPart], delta: float,
+                    deltas: Sequence[float] = PROFILE_DELTAS) -> list[tuple[float, float]]:
+    """The (ε, δ') pairs the accountant certifies for ``parts`` composed (``compose_rdp`` at each
+    δ' of ``deltas`` and at the run's ``delta``): the privacy profile an audit tests as a whole
+    trade-off curve (``audit_bounds.profile_rejected``). Pairs with ε = ∞ are dropped; the
+    conversion's ε can come out negative at a large δ' (Balle et al.'s formula), which certifies
+    (0, δ'): clipped to 0."""
+    pairs = [(max(0.0, compose_rdp(parts, d)), float(d)) for d in sorted(set(deltas) | {float(delta)})]
+    return [(e, d) for e, d in pairs if math.isfinite(e)]
+
+
 def part_epsilon(part: PrivacyPart, delta: float) -> float:
     return compose_rdp([part], delta)
 

@@ -1,7 +1,7 @@
 """The statistics of an empirical privacy audit: lower bounds on ε from what an attacker
 achieved. Pure functions of counts and scores (no training, no torch).
 
-Two kinds of evidence, two bounds:
+Three kinds of evidence:
 
 1. **One-run auditing** -- T. Steinke, M. Nasr, M. Jagielski, "Privacy Auditing with One (1)
    Training Run", NeurIPS 2023 (arXiv:2305.08846). m canaries, each included independently
@@ -39,7 +39,37 @@ Two kinds of evidence, two bounds:
    pays for it with a union bound (each of the G grid points tested at β / G), the grid being a
    function of m only, fixed before the scores are seen.
 
-2. **A ROC curve as a bound** (membership inference, e.g. GAN-Leaks: D. Chen, N. Yu, Y. Zhang,
+2. **One-run auditing of a trade-off curve** -- S. Mahloujifar, L. Melis, K. Chaudhuri,
+   "Auditing f-Differential Privacy in One Run", ICML 2025 (arXiv:2410.22235). The same game
+   (m canaries, coin flips, r guesses, v correct) tested against a whole trade-off curve f
+   (f-DP, Dong, Roth, Su 2022) instead of one (ε, δ) pair. Their Algorithm 3 ("audit with
+   abstention"), as we use it: for a symmetric trade-off function f let
+   g(y) = f(1 - y) (the least probability an f-DP mechanism can give "guess wrong" on a canary
+   when it gives "guess right" probability y: the inverse of the curve's blow-up function);
+   start from r_v = β·v/m, h_v = β·(r - v)/m and for i = v-1, ..., 0
+
+       h_i = max(h_{i+1}, g(r_{i+1})),   r_i = r_{i+1} + i/(r - i)·(h_i - h_{i+1});
+
+   "the mechanism is f-DP" is rejected at level β when r_0 + h_0 > r/m (the probability that
+   v of the r guesses are right would be below β under f). The recursion is monotone in g (a
+   larger g, i.e. a stronger privacy claim, gives larger r_i and h_i), so along a family of
+   nested curves the rejected claims form an interval and bisection finds its end. We read
+   the algorithm from DeepMind's jax_privacy auditing library, which implements it
+   (``_epsilon_one_run_fdp``, Gaussian curves); the code here is ours. Two families:
+   - Gaussian curves G_μ (μ-GDP): g(y) = Φ(Φ⁻¹(y) - μ). ``fdp_gaussian_bound`` returns the
+     largest rejected μ and the ε at δ of G_μ (Opacus' ``eps_from_mu``): the paper's
+     "empirical ε". It is a lower bound on ε *if the mechanism's curve is Gaussian* (DP-SGD's
+     is close to one after many steps, Dong et al.'s central limit theorem), not for an
+     arbitrary mechanism, so it never raises a violation on its own;
+   - an accountant's privacy profile {(ε_j, δ_j)}: every pair it certifies gives the curve
+     f_{ε,δ}(α) = max(0, 1 - δ - e^ε·α, e^{-ε}(1 - δ - α)), so the mechanism is f-DP for their
+     pointwise max and g(y) = max_j max(0, e^{-ε_j}(y - δ_j), 1 - δ_j - e^{ε_j}(1 - y)).
+     ``profile_rejected`` tests exactly what the accountant claims, with the whole curve, so
+     a rejection is a violation (used by ``bench audit`` beside the ε-bound of 1.).
+   Checked by simulation (tests/unit/test_audit_bounds.py): Gaussian scores of known μ and
+   randomised response of known ε are never over-reported beyond the test's level.
+
+3. **A ROC curve as a bound** (membership inference, e.g. GAN-Leaks: D. Chen, N. Yu, Y. Zhang,
    M. Fritz, "GAN-Leaks: A Taxonomy of Membership Inference Attacks against Generative Models",
    CCS 2020). By the hypothesis-testing characterisation of DP (P. Kairouz, S. Oh, P. Viswanath,
    "The Composition Theorem for Differential Privacy", ICML 2015) every test of "member" vs
@@ -64,10 +94,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from scipy import stats
-from scipy.special import expit
+from scipy.special import expit, ndtr, ndtri
 
 __all__ = [
     "best_one_run_bound",
+    "fdp_gaussian_bound",
+    "fdp_rejects",
+    "profile_rejected",
     "clopper_pearson",
     "one_run_epsilon_lower_bound",
     "roc_epsilon_lower_bound",
@@ -342,6 +375,120 @@ def best_one_run_bound(scores, included, *, delta: float, confidence: float = 0.
             best = {"epsilon_lower_bound": eps, "guesses": r, "correct": v, "k_plus": kp, "k_minus": km}
     best.update(confidence=conf, grid_size=len(grid))
     return best
+
+
+# ---------------------------------------------------------------------------- f-DP one-run audit
+
+
+def fdp_rejects(g, canaries: int, guesses: int, correct: int, beta: float) -> bool:
+    """Mahloujifar, Melis, Chaudhuri's Algorithm 3 (module docstring, 2.): True when ``correct``
+    right guesses out of ``guesses`` among ``canaries`` randomised canaries reject, at level
+    ``beta``, "the mechanism is f-DP", f given by g(y) = f(1 - y) (increasing, g(0) = 0)."""
+    m, k, v = int(canaries), int(guesses), int(correct)
+    if not 0 <= v <= k <= m or k == 0:
+        raise ValueError(f"need 0 <= correct <= guesses <= canaries and guesses > 0, got {v}, {k}, {m}")
+    r = beta * v / m
+    h = beta * (k - v) / m
+    for i in range(v - 1, -1, -1):
+        h_new = max(h, g(r))
+        if h_new == h:  # then r and h never change again
+            break
+        r = min(r + i / (k - i) * (h_new - h), 1.0)
+        h = h_new
+    return r + h > k / m
+
+
+def _gaussian_g(mu: float):
+    def g(y: float) -> float:
+        return float(ndtr(ndtri(y) - mu)) if y > 0.0 else 0.0
+    return g
+
+
+def _profile_g(pairs: Sequence[tuple[float, float]]):
+    eps = np.array([min(float(e), 700.0) for e, _ in pairs])
+    dlt = np.array([float(d) for _, d in pairs])
+    down, up = np.exp(-eps), np.exp(eps)
+
+    def g(y: float) -> float:
+        return float(max(0.0, np.max(np.maximum(down * (y - dlt), 1.0 - dlt - up * (1.0 - y)))))
+    return g
+
+
+def _guess_counts(scores, included, k_grid) -> tuple[int, list[tuple[int, int, int, int]]]:
+    """m and, for each (k+, k-) of the grid: (k+, k-, guesses, correct), guessing "in" on the
+    k+ highest scores and "out" on the k- lowest (stable sort: ties by index)."""
+    s = _as_scores(scores, "scores")
+    m = s.size
+    inc = _as_included(included, m)
+    inc_sorted = inc[np.argsort(-s, kind="stable")]
+    counts = []
+    for kp, km in _parse_k_grid(k_grid, m):
+        v = int(inc_sorted[:kp].sum()) + int((~inc_sorted[m - km:]).sum())
+        counts.append((kp, km, kp + km, v))
+    return m, counts
+
+
+def fdp_gaussian_bound(scores, included, *, delta: float, confidence: float = 0.95, k_grid=None,
+                       mu_max: float = 20.0) -> dict:
+    """The largest μ whose μ-GDP claim the guesses reject (Mahloujifar et al.'s audit with
+    Gaussian curves), best over the (k+, k-) grid with a union bound (each point at β/G, as
+    ``best_one_run_bound``), and ``epsilon`` = the ε at ``delta`` of G_μ (the paper's
+    "empirical ε"; a lower bound on ε only for mechanisms with a Gaussian trade-off curve:
+    module docstring). Returns ``mu_lower_bound, epsilon, guesses, correct, k_plus, k_minus,
+    confidence, grid_size``."""
+    from opacus.accountants.analysis.gdp import delta_eps_mu, eps_from_mu
+
+    d = _check_delta(delta)
+    conf = _check_confidence(confidence)
+    m, counts = _guess_counts(scores, included, k_grid)
+    beta = (1.0 - conf) / len(counts)
+    best = None
+    for kp, km, k, v in counts:
+        mu = 0.0
+        if fdp_rejects(_gaussian_g(0.0), m, k, v, beta):
+            lo, hi = 0.0, float(mu_max)
+            if fdp_rejects(_gaussian_g(hi), m, k, v, beta):
+                lo = hi
+            else:
+                for _ in range(_BISECTION_STEPS):
+                    if hi - lo <= 1e-9 * max(1.0, hi):
+                        break
+                    mid = 0.5 * (lo + hi)
+                    lo, hi = (mid, hi) if fdp_rejects(_gaussian_g(mid), m, k, v, beta) else (lo, mid)
+            mu = lo
+        if best is None or mu > best["mu_lower_bound"]:
+            best = {"mu_lower_bound": mu, "guesses": k, "correct": v, "k_plus": kp, "k_minus": km}
+    mu = best["mu_lower_bound"]
+    if mu <= 0.0 or d == 0.0:
+        eps = 0.0 if mu <= 0.0 else float("inf")  # μ-GDP with μ > 0 is (ε, 0)-DP for no finite ε
+    elif float(delta_eps_mu(eps=0.0, mu=mu)) <= d:
+        eps = 0.0
+    else:
+        eps = float(eps_from_mu(mu=mu, delta=d))
+    best.update(epsilon=eps, confidence=conf, grid_size=len(counts))
+    return best
+
+
+def profile_rejected(scores, included, *, profile: Sequence[tuple[float, float]], confidence: float = 0.95,
+                     k_grid=None) -> dict:
+    """Do the guesses reject the trade-off curve of an accountant's privacy profile (the pairs
+    (ε_j, δ_j) it certifies; module docstring, 2.)? Tested at every (k+, k-) of the grid at
+    β/G (union bound). Returns ``rejected`` and the first grid point that rejects (or the
+    grid's last), with ``confidence`` and ``grid_size``."""
+    conf = _check_confidence(confidence)
+    pairs = [(float(e), _check_delta(dl)) for e, dl in profile]
+    if not pairs or any(math.isnan(e) or e < 0 for e, _ in pairs):
+        raise ValueError("profile must be a non-empty list of (ε >= 0, δ) pairs")
+    m, counts = _guess_counts(scores, included, k_grid)
+    beta = (1.0 - conf) / len(counts)
+    g = _profile_g(pairs)
+    out = None
+    for kp, km, k, v in counts:
+        out = {"rejected": fdp_rejects(g, m, k, v, beta), "guesses": k, "correct": v, "k_plus": kp, "k_minus": km}
+        if out["rejected"]:
+            break
+    out.update(confidence=conf, grid_size=len(counts))
+    return out
 
 
 # ---------------------------------------------------------------------------- ROC audit

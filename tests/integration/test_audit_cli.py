@@ -74,7 +74,10 @@ def test_audit_json_beside_a_complete_record(audited):
         assert a["correct"] <= a["guesses"] <= 120
     assert audit["violation"] == [] and "ε lower bound at 95% for all attacks together" in text
     per = audit["confidence_per_attack"]
-    assert per == pytest.approx(1 - 0.05 / 3) and all(a["confidence"] == per for a in audit["attacks"].values())
+    # two tests per attack (the ε-bound, the accountant's curve), Bonferroni over all six
+    assert per == pytest.approx(1 - 0.05 / 6) and all(a["confidence"] == per for a in audit["attacks"].values())
+    assert all(a["accountant_curve_rejected"] is False and 0 <= a["fdp_gaussian"]["epsilon"] <= 5
+               for a in audit["attacks"].values())
     inc = np.load(out / "canaries.npz")["included"]
     assert inc.sum() == audit["included"]
     config = json.loads((out / "config.json").read_text())

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from dpgen_bench.privacy.accounting import calibrate_noise
-from dpgen_bench.privacy.audit_bounds import best_one_run_bound
+from dpgen_bench.api import PrivacyPart
+from dpgen_bench.privacy.accounting import calibrate_noise, privacy_profile
+from dpgen_bench.privacy.audit_bounds import best_one_run_bound, profile_rejected
 from dpgen_bench.privacy.canaries import DiracCanaries
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_backward
 from fake_context import PartContext
@@ -40,19 +41,23 @@ def _audit(noise_scale: float, mode: str, seed: int = 0) -> tuple[float, dict]:
             empty_batch(gsm)
         opt.step()
     assert ctx.spent == T and canaries.steps == T
-    return sigma, best_one_run_bound(canaries.scores, canaries.included, delta=DELTA, confidence=0.95)
+    bound = best_one_run_bound(canaries.scores, canaries.included, delta=DELTA, confidence=0.95)
+    # the accountant's whole curve for this part (Mahloujifar et al.'s f-DP test)
+    profile = privacy_profile([PrivacyPart("d", sigma, Q, T)], DELTA)
+    bound["curve_rejected"] = profile_rejected(canaries.scores, canaries.included, profile=profile)["rejected"]
+    return sigma, bound
 
 
 @pytest.mark.parametrize("mode", ["hooks", "bk"])
 def test_the_correct_part_stays_below_the_accountant(mode):
     _, bound = _audit(1.0, mode)
-    assert bound["epsilon_lower_bound"] <= EPS
+    assert bound["epsilon_lower_bound"] <= EPS and not bound["curve_rejected"]
 
 
 @pytest.mark.parametrize("mode", ["hooks", "bk"])
 def test_a_quarter_of_the_noise_is_caught(mode):
     _, bound = _audit(0.25, mode)
-    assert bound["epsilon_lower_bound"] > EPS, bound
+    assert bound["epsilon_lower_bound"] > EPS and bound["curve_rejected"], bound
 
 
 def test_canaries_are_distinct_coordinates_half_included_and_detach():
