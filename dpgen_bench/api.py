@@ -299,6 +299,11 @@ class Method(abc.ABC):
     # memory chunking). `bench report` ignores them when it tells configurations apart;
     # every other hparam that differs between two runs makes them different table rows.
     bookkeeping_hparams: ClassVar[frozenset[str]] = frozenset({"log_every", "torch_threads"})
+    # Hparams added after runs of the method were recorded, each with the value that means
+    # "as before" (e.g. dpdm's warmup="none"): at that value a sweep cell's key and `bench
+    # report`'s configuration identity leave them out, so the runs recorded without them
+    # stay the same configuration (``config.stable_hparams``).
+    late_hparams: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, hparams: Any, info: DataInfo):
         self.hparams = hparams

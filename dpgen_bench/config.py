@@ -108,6 +108,23 @@ def no_preset_message(method_cls: type, preset: str, dataset: str) -> str:
             "--set KEY=VALUE overrides one)")
 
 
+def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` without the method's ``late_hparams`` that sit at their "as before" value:
+    what a sweep cell's key and a report's configuration identity hash, so that adding a
+    setting to a method does not orphan the runs recorded before it existed."""
+    try:
+        late = registry.methods.attribute(method, "late_hparams")
+    except Exception:  # noqa: BLE001 - a method not installed here: nothing to leave out
+        late = {}
+    return {k: v for k, v in hparams.items() if not (k in late and _same(v, late[k]))}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
 def hparam_fields(hparams_cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(hparams_cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(hparams_cls)}

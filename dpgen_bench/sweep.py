@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import registry, runner, store
-from .config import MAX_SEED, RunConfig, build_config, parse_seed
+from .config import MAX_SEED, RunConfig, build_config, parse_seed, stable_hparams
 from .errors import UserError
 from .logs import setup_logging
 
@@ -40,7 +40,9 @@ class Cell:
 
     @property
     def key(self) -> str:
-        blob = json.dumps(self.config.to_json(), sort_keys=True, default=str)
+        cfg = self.config.to_json()
+        cfg["hparams"] = stable_hparams(cfg["method"], cfg["hparams"])  # late settings at "as before": left out
+        blob = json.dumps(cfg, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
     @property

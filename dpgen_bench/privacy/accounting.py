@@ -376,6 +376,43 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
     return float(sigma)
 
 
+def calibrate_beside(fixed: Sequence[PrivacyPart], *, epsilon: float, delta: float, sample_rate: float,
+                     steps: int) -> float:
+    """Smallest noise multiplier (to ~0.5 % of ε) of a Poisson subsampled Gaussian part
+    (``sample_rate``, ``steps``) whose RDP composition with the ``fixed`` parts is ≤ target: the
+    budget left after parts whose noise is set (DP-FETA's central images before DPDM's DP-SGD).
+    Bisection on σ (ε of the composition decreases in σ); ``BudgetTooLow`` when the fixed
+    parts alone leave nothing, or no σ up to the limit fits."""
+    _check_target(epsilon, delta)
+    if not fixed:
+        return calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps)
+    tolerance = max(1e-4, 0.005 * epsilon)
+    aim = min(_aim(epsilon, p.mechanism) for p in fixed)
+
+    def eps(sigma: float) -> float:
+        return compose_rdp([*fixed, PrivacyPart("check", sigma, sample_rate, steps)], delta)
+
+    if compose_rdp(list(fixed), delta) >= aim or eps(MAX_NOISE_MULTIPLIER) > aim:
+        raise BudgetTooLow(f"the privacy budget is too low: the fixed parts ({', '.join(p.name for p in fixed)}) "
+                           f"leave no room for {steps} steps at sample rate {sample_rate:.4g} within ε = {epsilon:g} "
+                           f"at δ={delta:g}")
+    lo, hi = 0.0, 1.0
+    eps_hi = eps(hi)
+    while eps_hi > aim:  # invariant below: eps(hi) = eps_hi ≤ aim < eps(lo)
+        lo, hi = hi, 2 * hi
+        eps_hi = eps(hi)
+    while aim - eps_hi > tolerance and hi - lo >= 1e-9 * hi:
+        mid = (lo + hi) / 2
+        eps_mid = eps(mid)
+        if eps_mid > aim:
+            lo = mid
+        else:
+            hi, eps_hi = mid, eps_mid
+    if eps(hi) > aim:  # never trust a calibration blindly
+        raise AssertionError(f"noise calibration overshot: ε={eps(hi)} > {aim}")
+    return float(hi)
+
+
 def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: float, steps: int | None,
                     noise_multiplier: float | None, compositions_per_step: int = 1, cap: int | None = None,
                     mechanism: str = POISSON) -> tuple[float, int]:

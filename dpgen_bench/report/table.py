@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .. import registry, store
+from ..config import stable_hparams
 from ..privacy import fmt_eps
 
 ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv",
@@ -81,7 +82,7 @@ def identity(cfg: dict, priv: dict) -> dict:
     """The settings that define what a run trained and how it was evaluated, seed and ε
     aside: two runs with equal identities are seeds of one configuration."""
     skip = _bookkeeping(cfg["method"])
-    hp = {k: v for k, v in (cfg.get("hparams") or {}).items() if k not in skip}
+    hp = {k: v for k, v in stable_hparams(cfg["method"], cfg.get("hparams") or {}).items() if k not in skip}
     return {"preset": cfg.get("preset"), "delta": float(priv["target"]["delta"]),
             "samples_per_class": cfg.get("samples_per_class"), "eval_split": cfg.get("eval_split", "test"),
             **({"noise": "off" if priv.get("noise_off") else "on"} if priv.get("private") else {}),

@@ -18,12 +18,16 @@ from dpgen_bench import runner
 from dpgen_bench.config import build_config
 
 CLIP = 0.7
-LOOPS = {"dpgan": "methods.dpgan", "dpaf": "methods.dpaf.core", "dpsinkhorn": "methods.dpsinkhorn"}
-DPSGD_PARTS = {"dpgan": ("discriminator",), "dpaf": ("conv1", "conv2"), "dpsinkhorn": ()}
+LOOPS = {"dpgan": "methods.dpgan", "dpaf": "methods.dpaf.core", "dpsinkhorn": "methods.dpsinkhorn",
+         "dpdm": "methods.dpdm"}
+DPSGD_PARTS = {"dpgan": ("discriminator",), "dpaf": ("conv1", "conv2"), "dpsinkhorn": (), "dpdm": ("denoiser",)}
+# dpdm with DP-FETA's warm start: the central images' queries sample at their own rate too
+VARIANTS = {"dpdm": [["warmup=central", "central_batch=700", "central_sigma=20", "warmup_steps=2"]]}
+CASES = [(m, []) for m in sorted(LOOPS)] + [(m, v) for m, vs in VARIANTS.items() for v in vs]
 
 
-@pytest.mark.parametrize("method", sorted(LOOPS))
-def test_the_loop_samples_and_noises_as_planned(method, monkeypatch, tmp_path):
+@pytest.mark.parametrize("method,extra", CASES, ids=[m + ("+" + x[0] if x else "") for m, x in CASES])
+def test_the_loop_samples_and_noises_as_planned(method, extra, monkeypatch, tmp_path):
     module = importlib.import_module(LOOPS[method])
     draws: list[tuple[int, float]] = []
     stds: list[float] = []
@@ -42,7 +46,7 @@ def test_the_loop_samples_and_noises_as_planned(method, monkeypatch, tmp_path):
     monkeypatch.setattr(module, "poisson_batch", sampler)
     for mod in (opacus_optimizer, opacus_fast):
         monkeypatch.setattr(mod, "_generate_noise", noise_spy(mod._generate_noise))
-    cfg = build_config(method, "digits", epsilon=5.0, preset="tiny", sets=[f"max_grad_norm={CLIP}"], evaluators=[],
+    cfg = build_config(method, "digits", epsilon=5.0, preset="tiny", sets=[f"max_grad_norm={CLIP}", *extra], evaluators=[],
                        device="cpu")
     p = runner.prepare(cfg)
     runner.execute(p, tmp_path / "run")
