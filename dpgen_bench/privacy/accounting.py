@@ -354,22 +354,8 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
             if "too low" not in str(e):
                 raise
             raise too_low from None
-    else:  # bisection on σ; ε is decreasing in σ. Invariant: eps(hi) = eps_hi ≤ target < eps(lo)
-        lo, hi = 0.0, 1.0
-        eps_hi = eps(hi)
-        while eps_hi > aim:
-            lo, hi = hi, 2 * hi
-            if hi > MAX_NOISE_MULTIPLIER:
-                raise too_low
-            eps_hi = eps(hi)
-        while aim - eps_hi > tolerance and hi - lo >= 1e-9:
-            mid = (lo + hi) / 2
-            eps_mid = eps(mid)
-            if eps_mid > aim:
-                lo = mid
-            else:
-                hi, eps_hi = mid, eps_mid
-        sigma = hi
+    else:
+        sigma = _bisect_sigma(eps, aim, tolerance, too_low)
     spent = eps(sigma)
     if spent > aim:  # never trust a calibration blindly
         raise AssertionError(f"noise calibration overshot: ε={spent} > {aim}")
@@ -396,21 +382,31 @@ def calibrate_beside(fixed: Sequence[PrivacyPart], *, epsilon: float, delta: flo
         raise BudgetTooLow(f"the privacy budget is too low: the fixed parts ({', '.join(p.name for p in fixed)}) "
                            f"leave no room for {steps} steps at sample rate {sample_rate:.4g} within ε = {epsilon:g} "
                            f"at δ={delta:g}")
+    sigma = _bisect_sigma(eps, aim, tolerance, BudgetTooLow("the privacy budget is too low"))
+    if eps(sigma) > aim:  # never trust a calibration blindly
+        raise AssertionError(f"noise calibration overshot: ε={eps(sigma)} > {aim}")
+    return float(sigma)
+
+
+def _bisect_sigma(eps, aim: float, tolerance: float, too_low: Exception) -> float:
+    """The smallest σ (within ``tolerance`` of ``aim`` in ε) with eps(σ) ≤ aim, ε decreasing in
+    σ: doubling from 1 to bracket it, then bisection. Invariant: eps(hi) = eps_hi ≤ aim <
+    eps(lo). ``too_low`` is raised when σ would pass ``MAX_NOISE_MULTIPLIER``."""
     lo, hi = 0.0, 1.0
     eps_hi = eps(hi)
-    while eps_hi > aim:  # invariant below: eps(hi) = eps_hi ≤ aim < eps(lo)
+    while eps_hi > aim:
         lo, hi = hi, 2 * hi
+        if hi > MAX_NOISE_MULTIPLIER:
+            raise too_low
         eps_hi = eps(hi)
-    while aim - eps_hi > tolerance and hi - lo >= 1e-9 * hi:
+    while aim - eps_hi > tolerance and hi - lo >= 1e-9:
         mid = (lo + hi) / 2
         eps_mid = eps(mid)
         if eps_mid > aim:
             lo = mid
         else:
             hi, eps_hi = mid, eps_mid
-    if eps(hi) > aim:  # never trust a calibration blindly
-        raise AssertionError(f"noise calibration overshot: ε={eps(hi)} > {aim}")
-    return float(hi)
+    return hi
 
 
 def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: float, steps: int | None,
