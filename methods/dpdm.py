@@ -81,7 +81,8 @@ ch_mult (2, 2), attention at 14, B = 4,096, K = 32, 50-step "ddim"). ``quick-fet
 mnist-5k, CPU): the central images from the whole split (rate 1), five queries, σ calibrated
 to 30 % of ε (``central_share``), 600 warm-up steps. Measured on digits (val, seed 0, ε = 10):
 gen2real CNN 0.889 against 0.204 for ``quick`` alone; at ε = 1 0.227 (the central images
-are noise at N = 1,437). benchmarks/presets.md has the table.
+are noise at N = 1,437); on mnist-5k 0.250 / 0.087 (its demo-sized net limits it).
+benchmarks/presets.md has the table.
 """
 
 from __future__ import annotations
