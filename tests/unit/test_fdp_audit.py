@@ -183,3 +183,24 @@ def test_accountant_profile_certifies_the_runs_epsilon():
     assert all(eps[a] >= eps[b] for a, b in zip(ds, ds[1:]))
     with pytest.raises(ValueError, match="profile"):
         profile_rejected([1.0, 2.0], [True, False], profile=[])
+
+
+def test_g_is_the_trade_off_function_at_one_minus_y():
+    """g(y) = f(1 − y) for the curves the audit tests, written from their definitions: the
+    (ε, δ) curve f(α) = max(0, 1 − δ − e^ε·α, e^{−ε}(1 − δ − α)) (Dong, Roth, Su, Prop. 2.5;
+    the max over several pairs for a profile) and the Gaussian G_μ(α) = Φ(Φ⁻¹(1 − α) − μ),
+    over the whole range of y, including near 1 where the first branch binds."""
+    from dpgen_bench.privacy.audit_bounds import _gaussian_g
+
+    def f_pair(eps, delta, a):
+        return max(0.0, 1 - delta - math.exp(eps) * a, math.exp(-eps) * (1 - delta - a))
+
+    pairs = [(0.5, 1e-3), (2.0, 1e-6), (1.0, 0.0)]
+    g = _profile_g(pairs)
+    for y in (1e-6, 0.01, 0.2, 0.5, 0.8, 0.97, 0.999, 1.0):
+        assert g(y) == pytest.approx(max(f_pair(e, d, 1 - y) for e, d in pairs), abs=1e-12)
+        for mu in (0.3, 1.0, 3.0):
+            want = stats.norm.cdf(stats.norm.ppf(1 - (1 - y)) - mu) if y < 1 else 1.0
+            assert _gaussian_g(mu)(y) == pytest.approx(want, abs=1e-12)
+    assert g(0.999) > g(0.5) > g(0.01)  # the first branch binds near 1
+    assert g(0.999) == pytest.approx(1 - 1e-3 - math.exp(0.5) * 0.001, abs=1e-12)
