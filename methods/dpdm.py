@@ -453,10 +453,7 @@ class DPDM(Method):
                 if h.warmup_augment:
                     x = torch.stack([v2.RandAugment(num_ops=2, magnitude=int(torch.randint(1, 10, (1,))))(img)
                                      for img in x])
-                x = (x.float() / 127.5 - 1).to(dev)
-                y = labels[idx].to(dev)
-                sigma = (torch.randn(len(x), generator=diff_gen, device=dev) * h.p_std + h.p_mean).exp()
-                noise = torch.randn(x.shape, generator=diff_gen, device=dev)
+                x, y, sigma, noise = self._rows((x.float() / 127.5 - 1).to(dev), labels[idx].to(dev), diff_gen, k=1)
                 loss = edm_loss(self.net, x, y, sigma, noise).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -470,9 +467,10 @@ class DPDM(Method):
 
     # ----------------------------------------------------------------- training
 
-    def _rows(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
-        """K noised copies of each example, side by side (rows iK … iK+K−1 are example i)."""
-        k = self.hparams.noise_multiplicity
+    def _rows(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, k: int | None = None):
+        """K noised copies of each example, side by side (rows iK … iK+K−1 are example i);
+        ``k`` overrides K (the warm-up draws one row per image)."""
+        k = self.hparams.noise_multiplicity if k is None else k
         x, y = x.repeat_interleave(k, 0), y.repeat_interleave(k, 0)
         sigma = (torch.randn(len(x), generator=gen, device=x.device) * self.hparams.p_std + self.hparams.p_mean).exp()
         noise = torch.randn(x.shape, generator=gen, device=x.device)
@@ -518,8 +516,7 @@ class DPDM(Method):
                 raise UserError("warmup=central releases noisy class means: it needs a private run (a finite --eps)")
             images, labels = self.central_images(train, ctx, data_gen, ctx.generator("central-noise", offset=5))
             self.central = (images, labels)  # kept for inspection (tests, benchmarks)
-            self._warm_up(images, labels, ctx)
-            self.ema.load_state_dict(self.net.state_dict())
+            self._warm_up(images, labels, ctx)  # ends with the net at its EMA weights: DP-SGD's start and EMA's
         opt = torch.optim.Adam(self.net.parameters(), lr=h.lr)
         if self.private:
             total = ctx.part(PART).steps

@@ -340,6 +340,20 @@ def _parse_k_grid(k_grid, m: int) -> list[tuple[int, int]]:
     return out
 
 
+def _guess_counts(scores, included, k_grid) -> tuple[int, list[tuple[int, int, int, int]]]:
+    """m and, for each (k+, k-) of the grid: (k+, k-, guesses, correct), guessing "in" on the
+    k+ highest scores and "out" on the k- lowest (stable sort: ties by index)."""
+    s = _as_scores(scores, "scores")
+    m = s.size
+    inc = _as_included(included, m)
+    inc_sorted = inc[np.argsort(-s, kind="stable")]
+    counts = []
+    for kp, km in _parse_k_grid(k_grid, m):
+        v = int(inc_sorted[:kp].sum()) + int((~inc_sorted[m - km:]).sum())  # km == 0: empty tail
+        counts.append((kp, km, kp + km, v))
+    return m, counts
+
+
 def best_one_run_bound(scores, included, *, delta: float, confidence: float = 0.95, k_grid=None) -> dict:
     """The one-run bound for the best (k+, k-) of a grid, valid at ``confidence`` overall.
 
@@ -356,24 +370,16 @@ def best_one_run_bound(scores, included, *, delta: float, confidence: float = 0.
 
     Returns ``epsilon_lower_bound, guesses, correct, k_plus, k_minus, confidence`` (the overall
     level) and ``grid_size`` (G)."""
-    s = _as_scores(scores, "scores")
-    m = s.size
-    inc = _as_included(included, m)
+    m, counts = _guess_counts(scores, included, k_grid)
     d = _check_delta(delta)
     conf = _check_confidence(confidence)
-    grid = _parse_k_grid(k_grid, m)
-    per_point = 1.0 - (1.0 - conf) / len(grid)
-
-    order = np.argsort(-s, kind="stable")  # highest score first
-    inc_sorted = inc[order]
+    per_point = 1.0 - (1.0 - conf) / len(counts)
     best = None
-    for kp, km in grid:
-        v = int(inc_sorted[:kp].sum()) + int((~inc_sorted[m - km:]).sum())  # km == 0: empty tail
-        r = kp + km
+    for kp, km, r, v in counts:
         eps = one_run_epsilon_lower_bound(r, v, delta=d, confidence=per_point, canaries=m)
         if best is None or eps > best["epsilon_lower_bound"]:
             best = {"epsilon_lower_bound": eps, "guesses": r, "correct": v, "k_plus": kp, "k_minus": km}
-    best.update(confidence=conf, grid_size=len(grid))
+    best.update(confidence=conf, grid_size=len(counts))
     return best
 
 
@@ -412,20 +418,6 @@ def _profile_g(pairs: Sequence[tuple[float, float]]):
     def g(y: float) -> float:
         return float(max(0.0, np.max(np.maximum(down * (y - dlt), 1.0 - dlt - up * (1.0 - y)))))
     return g
-
-
-def _guess_counts(scores, included, k_grid) -> tuple[int, list[tuple[int, int, int, int]]]:
-    """m and, for each (k+, k-) of the grid: (k+, k-, guesses, correct), guessing "in" on the
-    k+ highest scores and "out" on the k- lowest (stable sort: ties by index)."""
-    s = _as_scores(scores, "scores")
-    m = s.size
-    inc = _as_included(included, m)
-    inc_sorted = inc[np.argsort(-s, kind="stable")]
-    counts = []
-    for kp, km in _parse_k_grid(k_grid, m):
-        v = int(inc_sorted[:kp].sum()) + int((~inc_sorted[m - km:]).sum())
-        counts.append((kp, km, kp + km, v))
-    return m, counts
 
 
 def fdp_gaussian_bound(scores, included, *, delta: float, confidence: float = 0.95, k_grid=None,
