@@ -304,6 +304,10 @@ class Method(abc.ABC):
     # report`'s configuration identity leave them out, so the runs recorded without them
     # stay the same configuration (``config.stable_hparams``).
     late_hparams: ClassVar[dict[str, Any]] = {}
+    # Measured wall seconds of one run with a preset, ``{preset: {dataset: seconds}}`` (fit,
+    # sampling and gen2real CNN, one CPU thread): a parallel `bench sweep` starts its longest
+    # cells first so that no long cell starts last. Only the order of cells depends on it.
+    preset_seconds: ClassVar[dict[str, dict[str, float]]] = {}
 
     def __init__(self, hparams: Any, info: DataInfo):
         self.hparams = hparams

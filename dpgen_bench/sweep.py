@@ -127,6 +127,21 @@ def expand(grid: dict[str, Any]) -> list[Cell]:
     return list(cells.values())
 
 
+def expected_seconds(cell: Cell) -> float:
+    """The method's measured seconds for the cell's preset and dataset
+    (``Method.preset_seconds``), ∞ when unknown: a cell of unknown length starts early."""
+    c = cell.config
+    table = registry.methods.attribute(c.method, "preset_seconds") or {}
+    return float(table.get(c.preset, {}).get(c.dataset, math.inf))
+
+
+def longest_first(cells: list[Cell]) -> list[Cell]:
+    """The cells in the order a pool of workers should start them: longest expected first
+    (the longest-processing-time rule: the last cell to start is a short one, so the
+    workers finish together), ties in the given order."""
+    return sorted(cells, key=lambda cell: -expected_seconds(cell))
+
+
 def status(cell: Cell, root: Path) -> str:
     d = root / cell.run_name
     if store.is_complete(d):
@@ -233,6 +248,8 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
                 (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         todo.append(cell)
     counts["resumed"] = len(resumable)
+    if engine == "ray" or jobs > 1:
+        todo = longest_first(todo)
     log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint)",
              len(cells), counts["done"], len(todo), counts["partial"], len(resumable))
     args = [(c, c.config.to_json(), str(root / c.run_name), c.run_name in resumable) for c in todo]

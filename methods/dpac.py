@@ -119,6 +119,10 @@ class DPAC(GSWGAN):
 
     name = "dpac"
     Hparams = DPACHparams
+    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
+    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
+    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    preset_seconds = {"quick": {"mnist-5k": 85}}
     presets = {
         "quick": {
             # GS-WGAN's quick preset plus C from 0.3·T (the paper's 6000/20000); n_f = n_r = 2 and

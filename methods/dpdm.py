@@ -310,6 +310,10 @@ class DPDM(Method):
     late_hparams = {f.name: f.default for f in dataclasses.fields(DPDMHparams)
                     if f.name in ("warmup", "central_batch", "central_queries", "central_sigma", "central_share",
                                   "central_downsample", "warmup_steps", "warmup_batch", "warmup_lr", "warmup_augment")}
+    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
+    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
+    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    preset_seconds = {"quick": {"digits": 140, "mnist-5k": 52}}
     presets = {
         "quick": {
             # digits 16×16, CPU: a narrow U-Net without attention, K = 4 (benchmarks/presets.md)

@@ -35,6 +35,10 @@ Departures from the paper:
   half feeds the scheduler, so this is the same quantity.
 - The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
   uniform over classes, as in their code.
+- ``g_ema`` (off unless set; no preset sets it): the samples come from an exponential
+  moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
+  as DPDM and EDM do for their networks; not in the paper. No privacy cost: the average
+  is a function of G's iterates, themselves post-processing of D's noised gradients.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
   grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
   about 50 s on one core; ``paper`` presets use the paper's. The ``long`` preset (digits:
@@ -45,6 +49,7 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -126,6 +131,9 @@ class DPGANHparams:
     # the same knob (``max_physical_bsz``)
     max_physical_batch: int | None = None
     log_every: int = 25  # G steps between train.jsonl lines
+    # exponential moving average of G's weights (β per G step; 0: off, the paper's G). The
+    # samples come from the average: a function of G's iterates, so of no privacy cost
+    g_ema: float = 0.0
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -138,6 +146,8 @@ class DPGANHparams:
             raise ValueError("max_grad_norm must be > 0")
         if self.max_physical_batch is not None and self.max_physical_batch < 2:
             raise ValueError("max_physical_batch must be ≥ 2 (or None: the whole batch)")
+        if not 0 <= self.g_ema < 1:
+            raise ValueError("g_ema must be in [0, 1) (0: no average)")
 
 
 def _value_from_table(table: str, epsilon: float) -> float:
@@ -158,6 +168,12 @@ class DPGAN(Method):
     Hparams = DPGANHparams
     # same update either way (tests/unit/test_dpgan_step.py checks both)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
+    # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
+    late_hparams = {"g_ema": 0.0}
+    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
+    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
+    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    preset_seconds = {"quick": {"digits": 65, "mnist-5k": 81}}
     presets = {
         "quick": {
             # CPU, digits 16×16: ~70 ms per step, ~75 s of training on one thread
@@ -184,6 +200,12 @@ class DPGAN(Method):
             # never comes back (0.25 at T = 6,000). About 3 minutes on one core.
             "digits": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.99, samples_per_class=100),
+            # mnist-5k: the levers the quick preset's search found (benchmarks/presets.md): many
+            # generator steps (n_D = 1, T = 6,000) and the width-32 nets, with the samples drawn
+            # from G's weight average (β = 0.999): val 0.512 / 0.472 (seeds 0 / 2; 0.455 / 0.358
+            # without the average). About 6 minutes alone on one core, 11 two to a 2-core machine.
+            "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
+                             lr_d=1e-3, lr_g=1e-3, g_ema=0.999, samples_per_class=100),
         },
         "tiny": {  # tests only: seconds
             "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
@@ -218,6 +240,7 @@ class DPGAN(Method):
         self.scheduler = (
             AdaptiveNd(h.adaptive_beta, h.adaptive_threshold, h.adaptive_grace) if h.n_d == "adaptive" else None
         )
+        self.G_ema = copy.deepcopy(self.G).requires_grad_(False) if h.g_ema > 0 else None
 
     # ------------------------------------------------------------------ privacy
 
@@ -277,6 +300,8 @@ class DPGAN(Method):
         train = train.to(dev)
         self.D.to(dev)
         self.G.to(dev)
+        if self.G_ema is not None:
+            self.G_ema.to(dev)
         opt_d = torch.optim.Adam(self.D.parameters(), lr=h.lr_d, betas=(h.beta1, h.beta2))
         opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g, betas=(h.beta1, h.beta2))
         data_gen = ctx.generator("data")
@@ -299,6 +324,8 @@ class DPGAN(Method):
             self.D.load_state_dict(r["D"])
             inner_d.load_state_dict(r["opt_d"])
             opt_g.load_state_dict(r["opt_g"])
+            if self.G_ema is not None:
+                self.G_ema.load_state_dict(r["G_ema"])
             if self.scheduler and r["scheduler"]:
                 self.scheduler.load_state_dict(r["scheduler"])
             g_steps, since_g, start = r["g_steps"], r["since_g"], r["t"] + 1
@@ -322,6 +349,7 @@ class DPGAN(Method):
             logged = (g_steps + 1) % h.log_every == 0 or t + n_d > total
             fake_acc = self._fake_accuracy(dev) if (self.scheduler or logged) else None
             g_loss = self._g_step(D, opt_g, dev)
+            self._update_ema()
             g_steps += 1
             changed = self.scheduler.observe(fake_acc) if self.scheduler else False
             if changed or logged:
@@ -334,6 +362,9 @@ class DPGAN(Method):
         bar.close()
         if self.private:
             D._close()  # remove Opacus hooks; self.D stays a plain module
+        if self.G_ema is not None:  # the released generator is the average
+            self.G.load_state_dict(self.G_ema.state_dict())
+            self.G_ema.cpu()
         self.G.cpu().eval()
         self.D.cpu().eval()
 
@@ -344,7 +375,20 @@ class DPGAN(Method):
             "G": self.G.state_dict(), "D": self.D.state_dict(), "opt_d": opt_d.state_dict(),
             "opt_g": opt_g.state_dict(), "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "t": t, "g_steps": g_steps, "since_g": since_g,
+            **({"G_ema": self.G_ema.state_dict()} if self.G_ema is not None else {}),
         })
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        """G_ema ← β·G_ema + (1 − β)·G after a G step; buffers (BatchNorm's running
+        statistics) are copied, as in EDM's and DPDM's EMA."""
+        if self.G_ema is None:
+            return
+        beta = self.hparams.g_ema
+        for pe, p in zip(self.G_ema.parameters(), self.G.parameters()):
+            pe.lerp_(p, 1 - beta)
+        for be, b in zip(self.G_ema.buffers(), self.G.buffers()):
+            be.copy_(b)
 
     @torch.no_grad()
     def _fake_accuracy(self, dev) -> float:

@@ -27,6 +27,10 @@ CASES = {
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
     "dpac": ("dpac", ["steps=80", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
     "dpdm": ("dpdm", ["steps=120"], "denoiser", 15),
+    # dpgan itself is in test_resume.py; here with the generator's average, which the
+    # checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
+    # kill (with β = 0.9 a plant that drops the restore passed: 0.9^100 forgets it)
+    "dpgan-ema": ("dpgan", ["steps=120", "g_ema=0.99"], "discriminator", 15),
 }
 
 

@@ -101,3 +101,44 @@ def test_prepared_real_cnn_is_the_one_the_cell_loads(monkeypatch, tmp_path, resu
     proto = json.loads((tmp_path / "run" / "eval.json").read_text())["protocol"]["real2gen_cnn"]
     assert proto["classifier_cache"] == "hit" and proto["classifier_key"] == first["classifier_key"]
     assert "real2gen_cnn" in out["metrics"]
+
+
+def test_a_parallel_sweep_starts_its_longest_cells_first(monkeypatch, tmp_path):
+    """Longest-processing-time order from ``Method.preset_seconds``: with two workers the
+    last cell to start is a short one (make demo: gan's 94 s first, dpmean's 13 s last);
+    unknown lengths start first, ties keep the grid's order; a one-job sweep keeps it."""
+    import concurrent.futures as cf
+
+    from dpgen_bench import sweep
+
+    cells = expand({"method": "all", "dataset": "mnist-5k", "eps": 10, "preset": "quick"})
+    ordered = sweep.longest_first(cells)
+    seconds = [sweep.expected_seconds(c) for c in ordered]
+    assert seconds == sorted(seconds, reverse=True) and all(s < float("inf") for s in seconds)
+    assert ordered[0].config.method == "gan" and ordered[-1].config.method == "dpmean"
+    unknown = expand({"method": "dummy", "eps": "1,10", "seeds": "0,1", "preset": "tiny"})
+    assert sweep.longest_first(unknown) == unknown
+
+    submitted = []
+
+    class InlinePool:  # records what run_sweep submits, in order; runs nothing
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, config_json, *args):
+            submitted.append(config_json["method"])
+            fut = cf.Future()
+            fut.set_result({"seconds": 0.0, "metrics": {}, "epsilon": 1.0, "run_dir": ""})
+            return fut
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", InlinePool)
+    few = expand({"method": "dpmean,gan,dpgan", "dataset": "mnist-5k", "eps": 10, "preset": "quick",
+                  "eval": "gen2real_cnn"})
+    sweep.run_sweep(few, tmp_path / "runs", jobs=2)
+    assert submitted == ["gan", "dpgan", "dpmean"]

@@ -210,30 +210,3 @@ def test_central_share_calibrates_the_queries_to_their_share_of_epsilon():
         assert compose_rdp([central, denoiser], 1e-5) <= eps
     with pytest.raises(ValueError, match="central_share"):
         _feta(central_share=1.0)
-
-
-def test_runs_recorded_before_the_warm_start_keep_their_cell_key_and_identity():
-    """The warm-start settings are ``late_hparams``: at their "as before" values they are left
-    out of a sweep cell's key and of the report's configuration identity, so the dpdm runs
-    recorded before they existed still match (a plant: drop late_hparams and this fails)."""
-    import dataclasses as dc
-
-    from dpgen_bench.config import RunConfig, build_config
-    from dpgen_bench.report.table import identity
-    from dpgen_bench.sweep import Cell
-
-    cfg = build_config("dpdm", "digits", epsilon=10.0, preset="quick", evaluators=["gen2real_cnn"], device="cpu")
-    old = cfg.to_json()
-    old["hparams"] = {k: v for k, v in old["hparams"].items() if k not in DPDM.late_hparams}
-    assert set(DPDM.late_hparams) <= set(cfg.hparams) and "warmup" not in old["hparams"]
-    import hashlib
-    import json
-
-    old_key = hashlib.sha1(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    assert Cell(cfg).key == old_key
-    priv = {"target": {"delta": 1e-5}, "private": True}
-    assert identity(old, priv) == identity(cfg.to_json(), priv)
-    warm = build_config("dpdm", "digits", epsilon=10.0, preset="quick", evaluators=["gen2real_cnn"], device="cpu",
-                        sets=["warmup=central"])
-    assert Cell(warm).key != old_key and identity(warm.to_json(), priv) != identity(old, priv)
-    assert isinstance(dc.replace(cfg), RunConfig)
