@@ -305,8 +305,9 @@ class Method(abc.ABC):
     # stay the same configuration (``config.stable_hparams``).
     late_hparams: ClassVar[dict[str, Any]] = {}
     # Measured wall seconds of one run with a preset, ``{preset: {dataset: seconds}}`` (fit,
-    # sampling and gen2real CNN, one CPU thread): a parallel `bench sweep` starts its longest
-    # cells first so that no long cell starts last. Only the order of cells depends on it.
+    # sampling and gen2real CNN, one CPU thread, two runs sharing two cores): a parallel `bench
+    # sweep` starts its longest cells first so that no long cell starts last. Only the order of
+    # cells depends on it; tests/test_readme.py holds `make demo` to its 5 minutes with them.
     preset_seconds: ClassVar[dict[str, dict[str, float]]] = {}
 
     def __init__(self, hparams: Any, info: DataInfo):

@@ -119,9 +119,7 @@ class DPAC(GSWGAN):
 
     name = "dpac"
     Hparams = DPACHparams
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"mnist-5k": 85}}
     presets = {
         "quick": {

@@ -81,7 +81,8 @@ presets (MNIST, Fashion-MNIST) take their configs: central batch 6,000, σ 5, 5 
 ch_mult (2, 2), attention at 14, B = 4,096, K = 32, 50-step "ddim"). ``quick-feta`` (digits,
 mnist-5k, CPU): the central images from the whole split (rate 1), five queries, σ calibrated
 to 30 % of ε (``central_share``), 600 warm-up steps. Measured on digits (val, seed 0, ε = 10):
-gen2real CNN 0.889 against 0.204 for ``quick`` alone; at ε = 1 0.227 (the central images
+gen2real CNN 0.889 against 0.204 for the same network alone (the quick preset before
+2026-11-25; today's ``quick``, nf 8 and 1,000 steps: 0.315); at ε = 1 0.227 (the central images
 are noise at N = 1,437); on mnist-5k 0.250 / 0.087 (its demo-sized net limits it).
 benchmarks/presets.md has the table.
 """
@@ -311,9 +312,7 @@ class DPDM(Method):
     late_hparams = {f.name: f.default for f in dataclasses.fields(DPDMHparams)
                     if f.name in ("warmup", "central_batch", "central_queries", "central_sigma", "central_share",
                                   "central_downsample", "warmup_steps", "warmup_batch", "warmup_lr", "warmup_augment")}
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"digits": 136, "mnist-5k": 52}}
     presets = {
         "quick": {
@@ -348,8 +347,9 @@ class DPDM(Method):
             "celeba-gender-32": dict(_PAPER_28, batch_size=2048, steps=27_000, attn_resolutions=(16, 8),
                                      max_physical_batch=128, delta=1e-6, samples_per_class=30_000),
         },
-        # quick + DP-FETA's warm start on the CPU sets (benchmarks/presets.md): central images from
-        # the whole split (rate 1) five times, σ calibrated to 30 % of ε; 600 warm-up steps of 50
+        # the first increment's quick network (digits: nf 16, T = 400) + DP-FETA's warm start on the
+        # CPU sets (benchmarks/presets.md): central images from the whole split (rate 1) five
+        # times, σ calibrated to 30 % of ε; 600 warm-up steps of 50
         "quick-feta": {
             "digits": dict(batch_size=32, noise_multiplicity=2, steps=400, nf=16, ch_mult=(1, 2), num_res_blocks=1,
                            attn_resolutions=(), lr=1e-3, ema_decay=0.99, sampler_steps=12, samples_per_class=100,

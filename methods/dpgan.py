@@ -35,7 +35,7 @@ Departures from the paper:
   half feeds the scheduler, so this is the same quantity.
 - The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
   uniform over classes, as in their code.
-- ``g_ema`` (off unless set; no preset sets it): the samples come from an exponential
+- ``g_ema`` (off unless set; of the presets only ``long`` on mnist-5k sets it): the samples come from an exponential
   moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
   as DPDM and EDM do for their networks; not in the paper. No privacy cost: the average
   is a function of G's iterates, themselves post-processing of D's noised gradients.
@@ -170,9 +170,7 @@ class DPGAN(Method):
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
     # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
     late_hparams = {"g_ema": 0.0}
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"digits": 65, "mnist-5k": 81}}
     presets = {
         "quick": {

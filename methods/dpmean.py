@@ -73,9 +73,7 @@ class DPMean(Method):
     private = True
     conditional = True
     Hparams = DPMeanHparams
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"digits": 4, "mnist-5k": 12}}
     presets = {
         # digits: clip chosen on the validation part at ε = 10 (benchmarks/presets.md)

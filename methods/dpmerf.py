@@ -94,9 +94,7 @@ class DPMERF(Method):
     private = True
     conditional = True
     Hparams = DPMERFHparams
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"digits": 8, "mnist-5k": 34}}
     presets = {
         # digits 16×16: rff_sigma scaled from MNIST's 105 by 256/784 pixels, chosen on the

@@ -15,9 +15,7 @@ class GAN(DPGAN):
 
     name = "gan"
     private = False
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"mnist-5k": 93}}
     presets = {
         "quick": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1),

@@ -123,9 +123,7 @@ class DPAF(Method):
     Hparams = DPAFHparams
     # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
-    # one run's wall seconds with gen2real CNN, one CPU thread, two runs on two cores (make demo,
-    # 2026-11-25; digits: the claims runs): the order a parallel sweep starts cells in
-    # (Method.preset_seconds; tests/test_readme.py holds the demo to its 5 minutes with them)
+    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
     preset_seconds = {"quick": {"digits": 31, "mnist-5k": 50}}
     presets = {
         "quick": {
