@@ -7,7 +7,10 @@ AUC with which
 - D̂ (the same head on *one example's features*, what G's step reads in the paper)
   separates 1,000 real training images from 1,000 generated ones,
 
-plus the mean logits and the feature norms of one example and of a batch mean.
+plus the mean logits, the feature norms of one example and of a batch mean, and the
+within-class spread of the samples against the real images' (``within_class_std``: per
+class, the pixel-wise standard deviation over that class's images, averaged over pixels
+and classes; a generator that draws one image per class whatever z scores ≈ 0).
 
     .venv/bin/python benchmarks/dpaf_gap.py RUN_DIR [RUN_DIR ...]   # one JSON line per run
 """
@@ -28,6 +31,12 @@ from dpgen_bench.config import RunConfig
 from dpgen_bench.data import load_dataset
 
 
+def within_class_std(images: np.ndarray, labels: np.ndarray) -> float:
+    """Mean over classes of the pixel-wise std of the class's images (pixels in [-1, 1])."""
+    x = images.reshape(len(images), -1).astype(np.float64)
+    return float(np.mean([x[labels == c].std(axis=0).mean() for c in np.unique(labels)]))
+
+
 def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
     y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
     return float(roc_auc_score(y, np.r_[pos.numpy(), neg.numpy()]))
@@ -43,8 +52,13 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
     m = cls(cls.Hparams(**cfg.hparams), DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))
     m.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
     s = np.load(run_dir / "samples.npz")
-    xr, yr = data.train.images[:n], data.train.labels[:n]
-    xf, yf = torch.from_numpy(s["images"][:n]), torch.from_numpy(s["labels"][:n])
+    # a seeded random n of each: mnist-5k's splits are sorted by class, so a prefix of its
+    # training split would be three classes only (fixed 2026-11-26; digits is shuffled)
+    rng = np.random.default_rng(0)
+    ir = torch.from_numpy(rng.choice(len(data.train), size=min(n, len(data.train)), replace=False))
+    jf = rng.choice(len(s["labels"]), size=min(n, len(s["labels"])), replace=False)
+    xr, yr = data.train.images[ir], data.train.labels[ir]
+    xf, yf = torch.from_numpy(s["images"][jf]), torch.from_numpy(s["labels"][jf])
     fr, ff = m._features(m._resize(xr, m.train_shape[1]), yr).flatten(1), m._features(
         m._resize(xf, m.train_shape[1]), yf).flatten(1)
     single_r, single_f = m.head(fr).flatten(), m.head(ff).flatten()
@@ -63,7 +77,9 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
             "Dhat_logit_mean_real_fake": [round(single_r.mean().item(), 3), round(single_f.mean().item(), 3)],
             "Dhat_logit_std": round(torch.cat([single_r, single_f]).std().item(), 3),
             "feature_norm_one_example": round(fr.norm(dim=1).mean().item(), 2),
-            "feature_norm_batch_mean": round(fr[:b].mean(0).norm().item(), 2)}
+            "feature_norm_batch_mean": round(fr[:b].mean(0).norm().item(), 2),
+            "within_class_std_real_fake": [round(within_class_std(xr.numpy(), yr.numpy()), 3),
+                                           round(within_class_std(s["images"], s["labels"]), 3)]}
 
 
 def main(argv: list[str]) -> int:

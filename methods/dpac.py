@@ -130,6 +130,8 @@ class DPAC(GSWGAN):
             "digits": dict(_GS["quick"]["digits"], t_c=210, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
             "mnist-5k": dict(_GS["quick"]["mnist-5k"], t_c=150, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
         },
+        # GS-WGAN's long preset (4× the quick compute), C from 0.3·T as in quick
+        "long": {"mnist-5k": dict(_GS["long"]["mnist-5k"], t_c=600, n_f=2, n_r=2, c_width=8, lr_c=5e-3)},
         "tiny": {"*": dict(_GS["tiny"]["*"], t_c=10, n_f=2, n_r=2, c_width=4)},
         "paper": {
             # §5.1 / §5.4 / Table 5 "Ours": GS-WGAN's settings (K = 1000, B = 32, T = 20,000),

@@ -330,3 +330,28 @@ def test_the_sanitiser_counts_its_own_release_before_it_returns():
     y.sum().backward()
     handle.remove()
     assert seen == [1] and x.grad is not None
+
+
+@pytest.mark.parametrize("B", [4, 64])
+def test_noise_reaching_G_does_not_shrink_with_the_batch(B):
+    """The gswgan docstring's noise argument: with the sound hook noise 2√B·σ·C per row and the
+    1/B scale, the noise part of G's gradient is (1/B)·Σᵢ J_iᵀ nᵢ, of covariance 4σ²C²·E[JᵀJ]
+    whatever B is: a larger batch buys no averaging (DP-SGD on D's parameters gets σC/B). For a
+    linear generator x_i = W z_i with z ~ N(0, I), every entry of W's gradient has std 2σC
+    exactly. A hook without the √B (GS-WGAN's own 2σ) would give 2σC/√B."""
+    sigma, C, d, k, reps = 0.9, 0.6, 49, 8, 40
+    m = GSWGAN(GSWGANHparams(**dict(TINY, batch_size=B, steps=None, noise_multiplier=sigma)), INFO)
+    gen = torch.Generator().manual_seed(B)
+    W = torch.zeros(d, k, requires_grad=True)
+    grads = []
+    for _ in range(reps):
+        z = torch.randn(B, k, generator=gen)
+        x = (z @ W.T).view(B, 1, 7, 7)
+        s = GradientSanitizer(C, m.hook_noise_multiplier(sigma), gen, scale=1.0 / B)
+        handle = s.attach(x)
+        (x * 0.0).sum().backward()  # every row's data gradient is 0: what reaches W is the noise alone
+        handle.remove()
+        grads.append(W.grad.clone())
+        W.grad = None
+    std = torch.stack(grads).std().item()  # 40·49·8 = 15,680 entries: the sample std is within ~1 %
+    assert std == pytest.approx(2 * sigma * C, rel=0.05)

@@ -14,20 +14,15 @@ from dpgen_bench.config import resolve_hparams
 from dpgen_bench.errors import UserError
 from dpgen_bench.privacy import compose_prv, compose_rdp
 from dpgen_bench.privacy.accounting import POISSON
+from dpgen_bench.data.standard import STANDARD_SPLITS
 
-# Standard sizes of the datasets the presets name (train split, image shape, classes), so
-# that paper presets can be calibrated without the files.
-DATASETS = {
+# The sizes of the datasets the presets name (train split, image shape, classes), so that
+# paper presets can be calibrated without the files: the standard splits `bench privacy`
+# plans with, plus digits and CelebA-Hair (whose count is read from its label files: an
+# order-of-magnitude stand-in here).
+DATASETS = {name: (s.n_train, s.image_shape, s.num_classes) for name, s in STANDARD_SPLITS.items()} | {
     "digits": (1437, (1, 16, 16), 10),
-    "mnist": (60_000, (1, 28, 28), 10),
-    "fashion-mnist": (60_000, (1, 28, 28), 10),
-    "mnist-32": (60_000, (1, 32, 32), 10),
-    "fashion-mnist-32": (60_000, (1, 32, 32), 10),
-    "celeba-gender": (182_637, (3, 64, 64), 2),
-    "celeba-gender-32": (182_637, (3, 32, 32), 2),
     "celeba-hair": (90_000, (3, 64, 64), 3),
-    "ffhq-gender": (63_000, (3, 128, 128), 2),
-    "ffhq-gender-64": (63_000, (3, 64, 64), 2),
 }
 EPS_ALL = (0.2, 0.5, 1, 2, 5, 10, 50)
 DELTA_ALL = (1e-5, 1e-6)
@@ -94,6 +89,15 @@ def test_dpaf_percentage_split_full_grid(preset, dataset):
     planned and checked too."""
     for eps, delta in itertools.product(EPS_ALL, DELTA_ALL):
         check("dpaf", preset, dataset, eps, delta, overrides={"budget_split": "10%,40%,50%"})
+
+
+def test_every_dataset_a_preset_names_is_in_the_grid():
+    """cases() keeps the presets of the datasets in DATASETS: a preset for a dataset missing
+    there would be skipped without a word (mnist-5k's were, until 2026-11-26)."""
+    named = {"digits" if ds == "*" else ds
+             for name in registry.methods.names(include_hidden=True) if registry.methods.get(name).private
+             for per_dataset in registry.methods.get(name).presets.values() for ds in per_dataset}
+    assert named <= set(DATASETS), sorted(named - set(DATASETS))
 
 
 def test_every_private_method_is_covered():
