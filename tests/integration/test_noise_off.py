@@ -28,7 +28,7 @@ def test_ledger_hands_out_zero_noise_and_reports_infinity():
     assert rep.noise_off and math.isinf(rep.epsilon_rdp) and math.isinf(rep.epsilon_prv)
     assert rep.parts[0].noise_multiplier == 5.0 and rep.parts[0].steps == 100  # the σ it replaced
     assert "not private" in rep.caveat
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^a non-private run has no noise to switch off$"):
         PrivacyLedger(Budget(epsilon=math.inf, delta=1e-5), []).switch_noise_off()
 
 
