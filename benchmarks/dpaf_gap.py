@@ -78,8 +78,10 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
             "Dhat_logit_std": round(torch.cat([single_r, single_f]).std().item(), 3),
             "feature_norm_one_example": round(fr.norm(dim=1).mean().item(), 2),
             "feature_norm_batch_mean": round(fr[:b].mean(0).norm().item(), 2),
-            "within_class_std_real_fake": [round(within_class_std(xr.numpy(), yr.numpy()), 3),
-                                           round(within_class_std(s["images"], s["labels"]), 3)]}
+            # both whole sets: the real training split and every sample
+            "within_class_std_real_fake": [
+                round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),
+                round(within_class_std(s["images"], s["labels"]), 3)]}
 
 
 def main(argv: list[str]) -> int:

@@ -107,8 +107,8 @@ benchmarks/presets.md, validation part, seed 0). Two limits, measured apart:
   With four times the compute (40 pretraining steps per discriminator, T = 2,000; ~11
   minutes on one core) the same pipeline **without noise reaches 0.72** and draws digits
   (test split, 3 seeds: 0.741 ± 0.017; DP-GAN-DPAC 0.734 ± 0.014).
-- *Noise* binds everything else: the same long setting gives 0.10 at ε = 10, 0.07 at ε = 10
-  with K = 200, and only 0.20 at ε = 1,000. The reason is structural. Under the sound
+- *Noise* binds everything else: the same long setting gives 0.10 at ε = 10 and only 0.20
+  at ε = 1,000; with K = 200 (10 pretraining steps per discriminator) 0.07 at ε = 10. The reason is structural. Under the sound
   accounting the hook adds 2√B·σ·C per coordinate to each of the B rows and scales by 1/B,
   so the noise reaching G's parameters, (1/B)·Σᵢ J_iᵀ nᵢ, has covariance 4σ²C²·E[JᵀJ]:
   the noise of one example's full-image gradient at multiplier 2σ, whatever B is (DP-SGD on
