@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .context import TrainingContext
+from .numerics import exact_float32, tf32_allowed
 from .runner import Prepared, seed_everything
 
 
@@ -67,7 +68,8 @@ def estimate_runtime(p: Prepared, seconds: float = 10.0) -> dict[str, Any]:
     t0 = time.time()
     finished = False
     try:
-        p.method.fit(p.data.train, p.budget, ctx)
+        with exact_float32(p.device, allow_tf32=tf32_allowed()):  # the numerics a run trains with
+            p.method.fit(p.data.train, p.budget, ctx)
         finished = True
     except _ProbeDone:
         pass

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import registry, store
+from . import numerics, registry, store
 from .grid import save_grid
 from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
 from .config import RunConfig
@@ -377,18 +377,23 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         with store.atomic_open(run_dir / "canaries.npz") as f:
             np.savez(f, included=p.data.canary_included, labels=p.data.canaries.labels.cpu().numpy())
 
+    allow_tf32 = numerics.tf32_allowed() and p.device.type == "cuda"
     caveat = p.method.accounting_caveat() if p.budget.private else None
+    if allow_tf32 and p.budget.private:
+        caveat = "; ".join(filter(None, (caveat, numerics.TF32_CAVEAT)))
     if caveat:  # said before training, not only in the record at the end
         log.warning("ε caveat: %s", caveat)
     if p.ledger.noise_off:
         log.warning("--noise-off: every noise multiplier is 0 (the σ of ε = %g are recorded); this run is NOT "
                     "private and its ε is ∞", p.budget.epsilon)
     phase, t0, timings = "fit", time.time(), {}
+    if p.device.type == "cuda":  # the fit's own peak, for protocol.throughput
+        torch.cuda.reset_peak_memory_stats(p.device)
     try:
         seed_everything(cfg.seed)
         ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state, audit=audit)
         try:
-            with stop_on_signals(ctx):
+            with stop_on_signals(ctx), numerics.exact_float32(p.device, allow_tf32=allow_tf32):
                 p.method.fit(p.data.train, p.budget, ctx)
         finally:
             ctx.close()
@@ -396,6 +401,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
             raise RuntimeError(f"method '{cfg.method}' resumed without calling ctx.restore(): its training state "
                                "and generators were not restored")
         timings["fit"] = time.time() - t0
+        peak_gib = torch.cuda.max_memory_allocated(p.device) / 2**30 if p.device.type == "cuda" else None
         report = p.ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
         if caveat:
@@ -423,6 +429,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         result["protocol"]["throughput"] = {  # of this process's fit (a resumed run: of the steps after resuming)
             "device": str(p.device), "private_steps": steps,
             "private_steps_per_second": sum(steps.values()) / timings["fit"] if timings["fit"] > 0 else None,
+            "peak_gpu_memory_gib": peak_gib,  # torch's allocator during the fit; null on the CPU
+            "tf32": allow_tf32,  # numerics.exact_float32: off unless DPGEN_ALLOW_TF32=1
         }
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
         return {"privacy": report.to_json(), **result}

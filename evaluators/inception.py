@@ -343,18 +343,16 @@ def extraction_mode(plan: ExtractionPlan):
     """Threads, ``torch.inference_mode``, and full fp32 on CUDA: cuDNN convolutions default
     to TF32 on Ampere and later GPUs, which moves Inception features by ~1e-3 relative (and
     FID with them) and would make GPU features incomparable with the cached CPU ones."""
+    from dpgen_bench.numerics import exact_float32
+
     prev = torch.get_num_threads()
-    prev_tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     if plan.num_threads is not None:
         torch.set_num_threads(plan.num_threads)
-    if torch.device(plan.device).type == "cuda":
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with torch.inference_mode():
+        with exact_float32(plan.device), torch.inference_mode():
             yield
     finally:
         torch.set_num_threads(prev)
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
 
 @contextlib.contextmanager

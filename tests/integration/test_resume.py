@@ -18,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=400", "--seed", "3"]
 
 
-def _spawn(out: Path, env_extra: dict) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env_extra}
+def _spawn(out: Path, env_extra: dict, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+           "OMP_NUM_THREADS": "1", **env_extra}
     code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
-    return subprocess.Popen([sys.executable, "-c", code, *ARGS, "--out", str(out)], env=env, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-c", code, *ARGS, *extra_args, "--out", str(out)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -15,12 +15,30 @@ from fake_context import PartContext
 MODES = [m for m in GRAD_SAMPLE_MODES if m != "ew"]  # ew: Opacus' Expanded Weights cannot run these nets
 
 
-def _batch(shape, n=10, seed=0):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """The equivalence cases run on the CPU by default and on CUDA under ``-m gpu``, there in
+    exact float32: TF32 convolutions and matmuls (cuDNN's default) move per-example norms by
+    ~1e-3 relative, which ``test_tf32_changes_bk_and_hooks_alike`` measures separately."""
+    if request.param == "cpu":
+        yield torch.device("cpu")
+        return
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield torch.device("cuda")
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _batch(shape, n=10, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(n, *shape, generator=g) * 2 - 1
     y = torch.randint(0, 10, (n,), generator=g)
     t = (torch.arange(n) % 2).float()
-    return x, y, t
+    return x.to(device), y.to(device), t.to(device)
 
 
 def _expected_update(D, x, y, t, C, ebs):
@@ -48,11 +66,11 @@ def _dp_update(D, x, y, t, C, ebs, mode, sigma=0.0, gen=None):
 
 @pytest.mark.parametrize("shape", [(1, 16, 16), (1, 28, 28), (3, 32, 32)])
 @pytest.mark.parametrize("mode", MODES)
-def test_every_mode_is_the_per_example_clipped_mean(mode, shape):
+def test_every_mode_is_the_per_example_clipped_mean(mode, shape, device):
     torch.manual_seed(0)
-    D = ConditionalDiscriminator(shape, 10, width=8)
-    x, y, t = _batch(shape)
-    ref = ConditionalDiscriminator(shape, 10, width=8)
+    D = ConditionalDiscriminator(shape, 10, width=8).to(device)
+    x, y, t = _batch(shape, device=device)
+    ref = ConditionalDiscriminator(shape, 10, width=8).to(device)
     ref.load_state_dict(D.state_dict())
     _, norms = _expected_update(ref, x, y, t, 1.0, 1)
     C = norms.median().item()  # half the examples clipped, half not
@@ -63,11 +81,11 @@ def test_every_mode_is_the_per_example_clipped_mean(mode, shape):
 
 
 @pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
-def test_bk_norms_are_exact_per_layer_rule(norms):
+def test_bk_norms_are_exact_per_layer_rule(norms, device):
     torch.manual_seed(1)
-    D = ConditionalDiscriminator((1, 28, 28), 10, width=16)
-    x, y, t = _batch((1, 28, 28), n=6, seed=2)
-    ref = ConditionalDiscriminator((1, 28, 28), 10, width=16)
+    D = ConditionalDiscriminator((1, 28, 28), 10, width=16).to(device)
+    x, y, t = _batch((1, 28, 28), n=6, seed=2, device=device)
+    ref = ConditionalDiscriminator((1, 28, 28), 10, width=16).to(device)
     ref.load_state_dict(D.state_dict())
     _, expected = _expected_update(ref, x, y, t, 1.0, 1)
     bk = BookKeepingModule(D, max_grad_norm=1.0, norms=norms)
@@ -103,14 +121,14 @@ class _Mixed(nn.Module):
 
 
 @pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
-def test_bk_is_exact_for_linear_sequences_embeddings_and_norms(norms):
+def test_bk_is_exact_for_linear_sequences_embeddings_and_norms(norms, device):
     """Every branch of the linear rule on sequences is reached: ``mixed`` takes the
     per-example one here (T(d+p) = 33 ≥ dp = 30), ``ghost`` the Gram-product one."""
     torch.manual_seed(0)
-    net, ref = _Mixed(), _Mixed()
+    net, ref = _Mixed().to(device), _Mixed().to(device)
     ref.load_state_dict(net.state_dict())
-    x, y = torch.randn(7, 2, 4, 4), torch.randint(0, 10, (7,))
-    t = (torch.arange(7) % 2).float()
+    x, y = torch.randn(7, 2, 4, 4).to(device), torch.randint(0, 10, (7,)).to(device)
+    t = (torch.arange(7) % 2).float().to(device)
     grads = []
     for i in range(7):
         ref.zero_grad()
@@ -129,21 +147,21 @@ def test_bk_is_exact_for_linear_sequences_embeddings_and_norms(norms):
     assert bk.layer_rules["embed"] == "opacus"
 
 
-def test_bk_equals_hooks_on_a_loss_that_couples_examples():
+def test_bk_equals_hooks_on_a_loss_that_couples_examples(device):
     """DPAF's aggregate losses are not sums of per-example losses; Opacus defines example i's
     gradient as its output gradient × its input per layer, and bk must give that update."""
     shape = (1, 16, 16)
-    x, y, _ = _batch(shape, n=8)
+    x, y, _ = _batch(shape, n=8, device=device)
 
     def coupled(D):
         logits = D(x, y)
         return F.binary_cross_entropy_with_logits(torch.stack([logits[:4].mean(), logits[4:].mean()]),
-                                                  torch.tensor([1.0, 0.0]))
+                                                  torch.tensor([1.0, 0.0], device=device))
 
     updates = {}
     for mode in ("hooks", "bk"):
         torch.manual_seed(0)
-        D = ConditionalDiscriminator(shape, 10, width=8)
+        D = ConditionalDiscriminator(shape, 10, width=8).to(device)
         opt = torch.optim.SGD(D.parameters(), lr=0.0)
         gsm, dp_opt = make_private(D, opt, ctx=PartContext(0.0), part="d", max_grad_norm=0.01, expected_batch_size=8,
                                    grad_sample_mode=mode)
@@ -238,18 +256,18 @@ class _UNetBits(nn.Module):
 
 
 @pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
-def test_bk_groups_of_rows_are_one_example(norms):
+def test_bk_groups_of_rows_are_one_example(norms, device):
     """``group=K`` (DPDM's noise multiplicity): rows iK … iK+K−1 are K noised copies of example
     i, whose gradient is that of the mean of their K losses, clipped once. Against a
     per-example autograd loop, every layer kind of the U-Net, every norm rule."""
     torch.manual_seed(0)
-    net, ref = _UNetBits(), _UNetBits()
+    net, ref = _UNetBits().to(device), _UNetBits().to(device)
     ref.load_state_dict(net.state_dict())
     n, k = 5, 3
-    x = torch.randn(n * k, 2, 4, 4)
-    y = torch.randint(0, 10, (n,)).repeat_interleave(k)
-    s = torch.rand(n * k)
-    target = torch.randn(n * k, 2, 4, 4)
+    x = torch.randn(n * k, 2, 4, 4).to(device)
+    y = torch.randint(0, 10, (n,)).repeat_interleave(k).to(device)
+    s = torch.rand(n * k).to(device)
+    target = torch.randn(n * k, 2, 4, 4).to(device)
 
     def row_losses(model, rows):
         return ((model(x[rows], y[rows], s[rows]) - target[rows]) ** 2).flatten(1).mean(1)
@@ -287,3 +305,56 @@ def test_private_backward_passes_groups_to_bk_and_refuses_them_elsewhere():
         else:
             with pytest.raises(ValueError, match="need grad_sample_mode 'bk'"):
                 private_backward(gsm, dp_opt, loss, group=2)
+
+
+def _paper_d_updates(device, n=32, modes=("hooks", "bk")):
+    """dpgan's paper discriminator (MNIST, width 128, 1.72 M parameters) on one batch, one
+    clipped step without noise per mode; C = the median per-example norm (half clipped)."""
+    shape = (1, 28, 28)
+    x, y, t = _batch(shape, n=n, seed=4, device=device)
+    updates = {}
+    for mode in modes:
+        torch.manual_seed(0)
+        D = ConditionalDiscriminator(shape, 10, width=128).to(device)
+        if mode == modes[0]:
+            probe = BookKeepingModule(D, max_grad_norm=1.0, norms="per_example")
+            probe.backward(F.binary_cross_entropy_with_logits(probe(x, y), t, reduction="none"))
+            C = probe.per_sample_norms.median().item()
+            torch.manual_seed(0)
+            D = ConditionalDiscriminator(shape, 10, width=128).to(device)
+        got, _ = _dp_update(D, x, y, t, C, n, mode)
+        updates[mode] = torch.cat([g.flatten() for g in got])
+    return updates
+
+
+def test_bk_equals_hooks_on_dpgans_paper_discriminator(device):
+    """``bk`` (dpgan's default) against Opacus' hooks on the network the paper trains, on the
+    run's device: the clipped update of a batch of 32 with half the examples clipped."""
+    u = _paper_d_updates(device)
+    torch.testing.assert_close(u["bk"], u["hooks"], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.gpu
+def test_tf32_changes_bk_and_hooks_alike():
+    """With TF32 on (cuDNN's default for convolutions) both modes move away from the float32
+    update (H100, torch 2.11: by 1.1e-2 relative, both; bk and hooks then differ by 6e-4);
+    this measures how far (printed for the README's GPU section) and checks that the two
+    modes still agree to within TF32's precision."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cuda = torch.device("cuda")
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        exact = _paper_d_updates(cuda)
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        tf32 = _paper_d_updates(cuda)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+    cpu = _paper_d_updates(torch.device("cpu"))
+    rel = lambda a, b: ((a.cpu() - b.cpu()).norm() / b.cpu().norm()).item()  # noqa: E731
+    print(f"\nTF32 off vs CPU: bk {rel(exact['bk'], cpu['bk']):.2e}, hooks {rel(exact['hooks'], cpu['hooks']):.2e}; "
+          f"TF32 on vs off: bk {rel(tf32['bk'], exact['bk']):.2e}, hooks {rel(tf32['hooks'], exact['hooks']):.2e}; "
+          f"TF32 on, bk vs hooks {rel(tf32['bk'], tf32['hooks']):.2e}")  # noqa: T201
+    assert rel(exact["bk"], cpu["bk"]) < 1e-3  # H100, torch 2.11: 2.0e-4 (cuDNN's float32 algorithms)
+    assert rel(tf32["bk"], tf32["hooks"]) < 2e-2

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU machine's checks, as one command with every stage capped (a lent GPU has minutes,
+# not hours). Run from the repository root on the GPU machine, with the wheels the machine
+# lacks in .whl/ (opacus, prv-accountant, torch-fidelity, mlxtend; benchmarks/README.md, "GPU"):
+#
+#     OUT=/some/dir bash benchmarks/gpu_check.sh
+#
+# Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
+#   stages.txt          machine, versions, each stage's exit code and time
+#   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
+#                       bk = Opacus hooks on dpgan's paper D, TF32's effect; --device auto and
+#                       a CUDA checkpoint resuming on CUDA only
+#   B_presets.log, gpu_presets.jsonl   every private method's paper preset on full-size fake
+#                       data: steps/s, peak memory, projected time, --dry-run's estimate
+#   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
+#   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps)
+set -u
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "wheel install failed" >> "$OUT/stages.txt"; exit 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 DPGEN_CACHE=/tmp/dpgen_cache
+PY=${PY:-python3}
+
+stage() {  # stage NAME CAP_SECONDS CMD...: run capped, log to $OUT/NAME.log, record rc and time
+    local name=$1 cap=$2 t rc
+    shift 2
+    t=$(date +%s)
+    echo "== $name (cap ${cap} s) starts at $((t - T0)) s" >> "$OUT/stages.txt"
+    timeout -k 5 "$cap" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "   $name rc=$rc after $(($(date +%s) - t)) s" >> "$OUT/stages.txt"
+}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    $PY -c "import sys, torch, opacus; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'opacus', opacus.__version__, 'gpu', torch.cuda.get_device_name(), 'tf32 cudnn/matmul', torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)"
+    nproc
+} >> "$OUT/stages.txt" 2>&1
+
+STAGES=${STAGES:-A B C D}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+has A && stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
+    --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py
+
+if has B; then
+    stage B_presets "${CAP_B:-200}" $PY benchmarks/gpu_presets.py --out /tmp/presets --probe-seconds "${PROBE:-5}" \
+        ${ONLY:+--only $ONLY}
+    cp /tmp/presets/gpu_presets.jsonl "$OUT/" 2>/dev/null
+fi
+
+# C: real runs on mnist-5k, side by side on the one GPU (small for an H100), beside D
+mnist5k() {
+    local r=/tmp/mnist5k_runs
+    local common="--dataset mnist-5k --eps 10 --device ${DEVICE:-cuda} --results $r --eval gen2real_cnn,real2gen_cnn"
+    local paper_unet="--set nf=32 --set ch_mult=1,2,2 --set num_res_blocks=2 --set attn_resolutions=7"
+    paper_unet="$paper_unet --set sampler=euler --set sampler_steps=50"
+    export OMP_NUM_THREADS=2
+    for run in ${C_RUNS:-dpgan-quick-s0 dpgan-quick-s1 dpgan-quick-s2 dpgan-paper-nets-s0 dpdm-paper-net-s0}; do
+        local seed=${run##*-s}
+        case $run in
+            # dpgan's quick preset exactly as on the CPU (CLAIMS.md's row), 3 seeds
+            dpgan-quick-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick $common --seed $seed --out $r/$run & ;;
+            # the same schedule with the paper's networks (width 128, latent 128)
+            dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set width=128 \
+                --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
+            # dpdm: the paper's 28×28 U-Net (nf 32, ch_mult 1,2,2, 2 res blocks, attention at 7,
+            # Euler 50) on the quick schedule (B = 32, K = 1, T = 150)
+            dpdm-paper-net-s*) $PY -m dpgen_bench.cli run --method dpdm --preset quick $paper_unet $common \
+                --seed $seed --out $r/$run & ;;
+        esac
+    done
+    wait
+}
+if has C; then
+    export C_RUNS="${C_RUNS:-}"  # empty: every run of mnist5k's list
+    stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k" &
+fi
+has D && stage D_gpu_runs "${CAP_D:-200}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" --tb=short \
+    tests/gpu/test_gpu_runs.py ${D_K:+-k "$D_K"}
+wait
+# the records bench report reads (samples and checkpoints stay: the device tool brings back 16 MiB a file)
+tar czf "$OUT/mnist5k_runs.tgz" -C /tmp --exclude=samples.npz --exclude=checkpoint.pt --exclude=resume.pt \
+    mnist5k_runs 2>/dev/null
+echo "done at $(($(date +%s) - T0)) s" >> "$OUT/stages.txt"
