@@ -5,11 +5,14 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
+# STAGES="A B C D" (default: all) picks stages; CAP_A … CAP_D cap them in seconds; ONLY=m1,m2
+# limits B to those methods, C_RUNS names C's runs, D_K is pytest's -k for D.
 # Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
 #   stages.txt          machine, versions, each stage's exit code and time
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
 #                       bk = Opacus hooks on dpgan's paper D, TF32's effect; --device auto and
-#                       a CUDA checkpoint resuming on CUDA only
+#                       a CUDA checkpoint resuming on CUDA only; training with TF32 off
+#                       unless DPGEN_ALLOW_TF32=1
 #   B_presets.log, gpu_presets.jsonl   every private method's paper preset on full-size fake
 #                       data: steps/s, peak memory, projected time, --dry-run's estimate
 #   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
@@ -49,7 +52,7 @@ STAGES=${STAGES:-A B C D}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 has A && stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
-    --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py
+    --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
 
 if has B; then
     stage B_presets "${CAP_B:-200}" $PY benchmarks/gpu_presets.py --out /tmp/presets --probe-seconds "${PROBE:-5}" \
@@ -84,7 +87,8 @@ if has C; then
     export C_RUNS="${C_RUNS:-}"  # empty: every run of mnist5k's list
     stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k" &
 fi
-has D && stage D_gpu_runs "${CAP_D:-200}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" --tb=short \
+# -x: the first failure is printed at once (a later cap must not swallow its reason)
+has D && stage D_gpu_runs "${CAP_D:-200}" $PY -m pytest -m gpu -s -q -x -p no:cacheprovider -o addopts="" --tb=short \
     tests/gpu/test_gpu_runs.py ${D_K:+-k "$D_K"}
 wait
 # the records bench report reads (samples and checkpoints stay: the device tool brings back 16 MiB a file)

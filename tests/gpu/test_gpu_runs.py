@@ -26,7 +26,7 @@ SHORT = {
     "dpaf": ["batches=400", "classifier_batches=100"],
     "gswgan": ["steps=300", "pretrain_steps=2", "num_discriminators=100"],
     "dpac": ["steps=300", "pretrain_steps=2", "num_discriminators=100", "t_c=100"],
-    "dpdm": ["steps=20"],  # B = 4,096 × K = 32 rows in 16 chunks a step: seconds a step
+    "dpdm": ["steps=2"],  # B = 4,096 × K = 32 rows in 16 chunks a step: over a minute a step (H100, 2026-11-26)
 }
 # ... and to a couple of steps (the CPU twin; paper width is slow on the CPU)
 TINY = {
