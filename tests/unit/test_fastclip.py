@@ -231,7 +231,7 @@ def test_ghost_needs_per_example_losses():
     gsm, dp_opt = make_private(D, torch.optim.SGD(D.parameters(), lr=0.0), ctx=PartContext(0.0), part="d",
                                max_grad_norm=1.0, expected_batch_size=8, grad_sample_mode="ghost")
     x, y, t = _batch((1, 16, 16))
-    with pytest.raises(ValueError, match="per-example losses"):
+    with pytest.raises(ValueError, match=r"^grad_sample_mode 'ghost' needs the per-example losses \(a vector\)$"):
         private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x, y), t))
 
 
@@ -303,7 +303,8 @@ def test_private_backward_passes_groups_to_bk_and_refuses_them_elsewhere():
             private_backward(gsm, dp_opt, loss, group=2)
             assert gsm.per_sample_norms.shape == (3,)  # three examples of two rows
         else:
-            with pytest.raises(ValueError, match="need grad_sample_mode 'bk'"):
+            with pytest.raises(ValueError, match="^rows grouped into examples \\(noise multiplicity\\) need "
+                                                 "grad_sample_mode 'bk'$"):
                 private_backward(gsm, dp_opt, loss, group=2)
 
 
@@ -358,3 +359,27 @@ def test_tf32_changes_bk_and_hooks_alike():
           f"TF32 on, bk vs hooks {rel(tf32['bk'], tf32['hooks']):.2e}")  # noqa: T201
     assert rel(exact["bk"], cpu["bk"]) < 1e-3  # H100, torch 2.11: 2.0e-4 (cuDNN's float32 algorithms)
     assert rel(tf32["bk"], tf32["hooks"]) < 2e-2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_also_parameters_get_the_plain_gradient_of_the_mean_loss(mode):
+    """``private_backward(..., also=...)``: parameters outside the private part trained on the
+    same loss (DPAF's non-private conv2 / head of C) get the ordinary gradient of the mean
+    loss, in every mode that can; ``ghost`` refuses them in one clear error."""
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+    x, y, t = _batch((1, 16, 16))
+    scale = torch.tensor(1.7, requires_grad=True)
+    with torch.no_grad():
+        logits = D(x, y)
+    expected, = torch.autograd.grad(
+        F.binary_cross_entropy_with_logits(logits * scale, t, reduction="none").mean(), [scale])
+    gsm, dp_opt = make_private(D, torch.optim.SGD(D.parameters(), lr=0.0), ctx=PartContext(0.0), part="d",
+                               max_grad_norm=1.0, expected_batch_size=10, grad_sample_mode=mode)
+    loss = F.binary_cross_entropy_with_logits(gsm(x, y) * scale, t, reduction="none")
+    if mode == "ghost":
+        with pytest.raises(ValueError, match="^grad_sample_mode 'ghost' cannot train other parameters on the same loss$"):
+            private_backward(gsm, dp_opt, loss, also=[scale])
+        return
+    private_backward(gsm, dp_opt, loss, also=[scale])
+    torch.testing.assert_close(scale.grad, expected, rtol=1e-5, atol=1e-7)
