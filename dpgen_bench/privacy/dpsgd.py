@@ -116,10 +116,32 @@ def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tens
             raise ValueError("grad_sample_mode 'ghost' needs the per-example losses (a vector)")
         if also:
             raise ValueError("grad_sample_mode 'ghost' cannot train other parameters on the same loss")
+        params = {id(p) for p in module.parameters() if p.requires_grad}
+        if any(id(leaf) not in params for leaf in _graph_leaves(loss)):
+            # Opacus' two passes (norms, then the loss reweighted by each example's clipping
+            # factor) reach every leaf of the graph, and the second one sums instead of
+            # averaging: a tensor outside the part (a generator's parameters behind the fakes)
+            # would get a wrong gradient
+            raise ValueError("grad_sample_mode 'ghost' needs a loss that reaches no tensor outside the private "
+                             "part (detach its inputs, e.g. draw the fakes under torch.no_grad())")
         DPTensorFastGradientClipping(module, optimizer, loss, "mean").backward()
         return
     inputs = [p for p in module.parameters() if p.requires_grad] + list(also)
     (loss.mean() if loss.dim() > 0 else loss).backward(inputs=inputs)
+
+
+def _graph_leaves(t: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors that ``t.backward()`` would write a gradient to."""
+    leaves, seen, stack = [], set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):  # AccumulateGrad
+            leaves.append(fn.variable)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return leaves
 
 
 def private_chunk(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tensor, *, last: bool,

@@ -383,3 +383,35 @@ def test_also_parameters_get_the_plain_gradient_of_the_mean_loss(mode):
         return
     private_backward(gsm, dp_opt, loss, also=[scale])
     torch.testing.assert_close(scale.grad, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_private_backward_touches_nothing_outside_the_part(mode):
+    """A tensor upstream of the private part (a generator's parameter, through the fakes) gets
+    no gradient from the part's backward: only the part's parameters and ``also`` do. Opacus'
+    ghost clipping cannot restrict its passes, so ``ghost`` refuses such a loss."""
+    torch.manual_seed(0)
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+    x, y, t = _batch((1, 16, 16))
+    upstream = torch.tensor(0.9, requires_grad=True)  # stands for G's parameters
+    gsm, dp_opt = make_private(D, torch.optim.SGD(D.parameters(), lr=0.0), ctx=PartContext(0.0), part="d",
+                               max_grad_norm=1.0, expected_batch_size=10, grad_sample_mode=mode)
+    loss = F.binary_cross_entropy_with_logits(gsm(x * upstream, y), t, reduction="none")
+    if mode == "ghost":
+        with pytest.raises(ValueError, match=r"^grad_sample_mode 'ghost' needs a loss that reaches no tensor outside"):
+            private_backward(gsm, dp_opt, loss)
+    else:
+        private_backward(gsm, dp_opt, loss)
+    assert upstream.grad is None
+
+
+def test_make_private_refuses_what_dpsgd_cannot_clip_per_example():
+    """BatchNorm mixes the examples of a batch (no per-example gradient exists): refused,
+    as is an unknown grad-sample mode, each with its exact message."""
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.LazyLinear(1))
+    kw = dict(ctx=PartContext(1.0), part="d", max_grad_norm=1.0, expected_batch_size=4)
+    with pytest.raises(ValueError, match=r"^module is not DPSGD-compatible: \[.*BatchNorm"):
+        make_private(net, torch.optim.SGD(net.parameters(), lr=0.1), **kw)
+    D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+    with pytest.raises(ValueError, match=r"^grad_sample_mode must be one of \("):
+        make_private(D, torch.optim.SGD(D.parameters(), lr=0.1), grad_sample_mode="per-sample", **kw)
