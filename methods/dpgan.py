@@ -187,8 +187,9 @@ class DPGAN(Method):
             # 0.20 (test) and the width-32 nets 0.62 — see benchmarks/presets.md for the evidence.
             # Width is not what the noise punishes here: the same schedule with the paper's nets
             # (d = 128, latent 128) reaches 0.577 on the test split (seed 0, CPU, 32 min on one
-            # thread; 0.565 / 0.436 on an H100 in ~20 s), width 64 only 0.117 (val): narrow is
-            # this preset's CPU budget, not the better setting (benchmarks/presets.md).
+            # thread; 0.565 / 0.436 on an H100 in ~20 s; val 0.455 against this preset's 0.225),
+            # width 64 only 0.117 (val, one seed): narrow is this preset's CPU budget, not the
+            # better setting (benchmarks/presets.md).
             "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },
