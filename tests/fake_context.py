@@ -35,6 +35,7 @@ class PartContext:
 
         self._part = PrivacyPart(name, noise_multiplier, 1.0, 10**9)
         self.spent = 0
+        self.watched = []  # (part, mechanism) pairs handed to watch: a white-box audit's hook
 
     def part(self, name):
         assert name == self._part.name
@@ -44,4 +45,4 @@ class PartContext:
         self.spent += steps
 
     def watch(self, name, mechanism):
-        pass
+        self.watched.append((name, mechanism))

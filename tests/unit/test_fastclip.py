@@ -415,3 +415,26 @@ def test_make_private_refuses_what_dpsgd_cannot_clip_per_example():
     D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
     with pytest.raises(ValueError, match=r"^grad_sample_mode must be one of \("):
         make_private(D, torch.optim.SGD(D.parameters(), lr=0.1), grad_sample_mode="per-sample", **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_noise_comes_from_the_given_generator_and_the_part_is_watched(mode):
+    """The noise is drawn from ``noise_generator`` (the run's seeded stream, so a run is
+    reproducible whatever else draws from torch's global RNG), and the DP optimizer is handed
+    to ``ctx.watch`` under its part's name (where a white-box audit places its canaries)."""
+
+    def noise(global_seed):
+        torch.manual_seed(0)
+        D = ConditionalDiscriminator((1, 16, 16), 10, width=8)
+        x, y, t = _batch((1, 16, 16))
+        ctx = PartContext(1.0)
+        gsm, dp_opt = make_private(D, torch.optim.SGD(D.parameters(), lr=0.0), ctx=ctx, part="d", max_grad_norm=0.5,
+                                   expected_batch_size=8, grad_sample_mode=mode,
+                                   noise_generator=torch.Generator().manual_seed(5))
+        assert ctx.watched == [("d", dp_opt)]
+        torch.manual_seed(global_seed)
+        private_backward(gsm, dp_opt, 0.0 * F.binary_cross_entropy_with_logits(gsm(x, y), t, reduction="none"))
+        dp_opt.step()
+        return torch.cat([p.grad.flatten() for p in D.parameters()])
+
+    torch.testing.assert_close(noise(1), noise(2), rtol=0, atol=0)
