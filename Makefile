@@ -50,7 +50,7 @@ test-all: install
 # pyproject.toml); `mutmut results` lists the survivors, `mutmut show NAME` one of them.
 mutate: install
 	$(BIN)/python -m pip install -qq --disable-pip-version-check 'mutmut>=3.3'
-	$(BIN)/mutmut run --max-children 2
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2  # threads: a forked mutant can deadlock
 	$(BIN)/mutmut results
 
 bench-dp: install
