@@ -90,7 +90,7 @@ def one_case(method, dataset, overrides, device, data_root, work, probe_seconds,
     plan = p.ledger.planned_report().to_json()
     row["planned_private_steps"] = {part["name"]: part["steps"] for part in plan["parts"]}
     row["sigma"] = {part["name"]: part["noise_multiplier"] for part in plan["parts"]}
-    row["n_train"] = len(p.data.train.x) if hasattr(p.data.train, "x") else None
+    row["n_train"] = len(p.data.train)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator
+from dpgen_bench.numerics import exact_float32
 from dpgen_bench.privacy.dpsgd import GRAD_SAMPLE_MODES, empty_batch, make_private, private_backward
 from dpgen_bench.privacy.fastclip import BookKeepingModule
 from fake_context import PartContext
@@ -25,12 +26,8 @@ def device(request):
         return
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with exact_float32("cuda"):
         yield torch.device("cuda")
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _batch(shape, n=10, seed=0, device="cpu"):
@@ -344,14 +341,10 @@ def test_tf32_changes_bk_and_hooks_alike():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     cuda = torch.device("cuda")
-    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    try:
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    with exact_float32(cuda):
         exact = _paper_d_updates(cuda)
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    with exact_float32(cuda, allow_tf32=True):
         tf32 = _paper_d_updates(cuda)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
     cpu = _paper_d_updates(torch.device("cpu"))
     rel = lambda a, b: ((a.cpu() - b.cpu()).norm() / b.cpu().norm()).item()  # noqa: E731
     print(f"\nTF32 off vs CPU: bk {rel(exact['bk'], cpu['bk']):.2e}, hooks {rel(exact['hooks'], cpu['hooks']):.2e}; "
