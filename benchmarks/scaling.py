@@ -15,8 +15,10 @@ where it has one, its own step function; small synthetic data, no dataset):
   (the method's default) and Opacus' ``hooks``.
 - ``dpaf``: conv2*'s DPSGD step, ``DPAF._conv2_step_sound`` itself (B fresh reals + the
   window's μ fake batches, B fakes in all, per-example surrogate ⟨SIN(conv2*(conv1(x))), v⟩);
-  modes ``non-private``, ``hooks+gc`` (Opacus hooks + gradient compression of every
-  per-example gradient: the method's default) and ``bk`` (its default with ``gc=false``).
+  modes ``non-private``, ``bk+gc`` (book-keeping with gradient compression: each example's
+  gradient built a chunk of examples at a time, compressed, clipped; the method's default),
+  ``hooks+gc`` (Opacus hooks + gradient compression of every per-example gradient: the
+  default before 2026-11-26) and ``bk`` (``gc=false``).
 - ``gswgan``: the generator step through the discriminator (B fakes, loss −Σ D(G(z), y),
   ``GSWGAN._generator_loss``), with GS-WGAN's ``GradientSanitizer`` on G's output
   (``sanitiser``: per-row clip + noise) or without it (``non-private``). DP-GAN-DPAC's
@@ -140,8 +142,8 @@ def _dpaf_step(hp, info: DataInfo, batch: int, mode: str, device) -> Callable[[]
     """``DPAF._conv2_step_sound`` with B reals (a Poisson sample at rate 1 of B images: all
     of them) and a window of μ fake batches holding B fakes in all."""
     private = mode != NON_PRIVATE
-    gc = mode == "hooks+gc"
-    hp = dataclasses.replace(hp, gc=gc, grad_sample_mode={NON_PRIVATE: "auto", "hooks+gc": "hooks"}.get(mode, mode))
+    gc = mode.endswith("+gc")
+    hp = dataclasses.replace(hp, gc=gc, grad_sample_mode="auto" if mode == NON_PRIVATE else mode.removesuffix("+gc"))
     torch.manual_seed(0)
     m = DPAF(hp, info)
     for net in (m.conv1, m.conv2, m.head, m.G):
@@ -164,13 +166,13 @@ def _dpaf_step(hp, info: DataInfo, batch: int, mode: str, device) -> Callable[[]
     if private:
         gsm2, dp_opt2 = make_private(m.conv2, opt, ctx=PartContext(1.0), part="conv2", max_grad_norm=hp.max_grad_norm,
                                      expected_batch_size=2 * batch, noise_generator=gen,
-                                     grad_sample_mode=hp.dpsgd_mode)
+                                     grad_sample_mode=hp.dpsgd_mode, per_example_transform=m._gc(gen))
     else:  # private_backward on a plain module is a plain backward
         gsm2, dp_opt2 = m.conv2, opt
     part2 = PrivacyPart("conv2", 1.0, 1.0, 10**9)  # rate 1: the B images above, every step
 
     def step():
-        m._conv2_step_sound(images, labels, window, part2, gsm2, dp_opt2, gen, gen)
+        m._conv2_step_sound(images, labels, window, part2, gsm2, dp_opt2, gen)
         _sync(device)
 
     return step
@@ -291,7 +293,7 @@ PARTS = {
     "dpgan": Part(DPGAN, "D's DPSGD step (B real + B fake rows)", "D's DPSGD step", (NON_PRIVATE, "bk", "hooks"),
                   _dpgan_step, lambda h: f"D width {h.width}"),
     "dpaf": Part(DPAF, "conv2*'s DPSGD step (B real + B fake rows)", "conv2*'s DPSGD step",
-                 (NON_PRIVATE, "hooks+gc", "bk"), _dpaf_step, lambda h: f"{h.layer_config}, d={h.width}, μ={h.mu}"),
+                 (NON_PRIVATE, "hooks+gc", "bk+gc", "bk"), _dpaf_step, lambda h: f"{h.layer_config}, d={h.width}, μ={h.mu}"),
     "gswgan": Part(GSWGAN, "G's step through D, sanitised image gradient (B fakes)", "G step, per-row sanitiser",
                    (NON_PRIVATE, "sanitiser"), _gswgan_step,
                    lambda h: f"G {h.g_width} / D {h.d_width}{', spectral norm' if h.d_spectral_norm else ''}"),
@@ -607,6 +609,7 @@ def figure(rows: list[dict], path: str | Path) -> None:
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(6 * cols, 4.2 * ((n + cols - 1) // cols)),
                              squeeze=False)
     colours = {NON_PRIVATE: "black", "bk": "tab:blue", "hooks": "tab:red", "hooks+gc": "tab:red",
+               "bk+gc": "tab:purple",
                "sanitiser": "tab:green"}
     for ax, method in zip(axes.flat, methods):
         mine = [r for r in rows if r["method"] == method and r["step_ms"] is not None]

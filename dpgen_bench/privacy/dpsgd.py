@@ -10,12 +10,16 @@ Grad-sample modes (``GRAD_SAMPLE_MODES``), all giving the same update
 ``(Σ clip(g_i, C) + N(0, σ²C²)) / expected_batch_size`` (tests/unit/test_fastclip.py):
 
 - ``hooks``, ``functorch``, ``ew``: Opacus materialises every per-example gradient, then
-  clips (the only modes for code that edits per-example gradients, e.g. DPAF's gradient
-  compression);
+  clips;
 - ``ghost``: Opacus' fast gradient clipping (norms in a first backward pass, a second
   backward pass of the clip-weighted per-example losses); needs per-example losses;
 - ``bk``: ours, ``fastclip.BookKeepingModule``: one backward pass, mixed ghost /
   per-example norms per layer, the clipped sum by one weight-gradient kernel per layer.
+A ``per_example_transform`` (DPAF's gradient compression: a function of each example's
+gradient alone, applied before clipping) is applied by ``hooks``/``functorch``/``ew`` to
+Opacus' materialised per-example gradients after the backward pass, and by ``bk`` to
+per-example gradients it materialises a few examples at a time (never B × |θ| at once);
+``ghost`` refuses it. Either way the update is ``(Σ clip(T(g_i), C) + N(0, σ²C²)) / B``.
 
 Every backward of a private part goes through ``private_backward(module, optimizer,
 loss)``, which does what the mode needs.
@@ -24,6 +28,8 @@ loss)``, which does what the mode needs.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -41,6 +47,44 @@ GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost", "bk")
 NORM_ONLY_MODES = ("ghost", "bk")
 
 
+class PerExampleTransform(Protocol):
+    """A map applied to each example's whole gradient (all of the part's parameters,
+    flattened in ``module.parameters()`` order) before it is clipped. It must depend on
+    that example's gradient alone (and on data-independent randomness), or clipping would
+    no longer bound one example's contribution. ``plan(n, d, device)`` is called once per
+    backward pass with its n examples of d values and returns the function that transforms
+    any subset of those rows in place (or None: the identity)."""
+
+    def plan(self, n: int, d: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor] | None: ...
+
+
+def _grad_sample(p: nn.Parameter) -> torch.Tensor | None:
+    gs = getattr(p, "grad_sample", None)
+    if isinstance(gs, list):  # accumulated over several forward passes
+        gs = torch.cat(gs, 0)
+        p.grad_sample = gs
+    return gs
+
+
+def transform_grad_samples(params: Iterable[nn.Parameter], transform: PerExampleTransform) -> None:
+    """Apply ``transform`` to Opacus' per-example gradients (``p.grad_sample``), jointly
+    over ``params`` (each example's row is its gradient over all of them)."""
+    samples = [(p, gs) for p in params if p.requires_grad and (gs := _grad_sample(p)) is not None]
+    if not samples or samples[0][1].shape[0] == 0:
+        return
+    n = samples[0][1].shape[0]
+    rows = torch.cat([g.reshape(n, -1) for _, g in samples], 1)
+    apply = transform.plan(n, rows.shape[1], rows.device)
+    if apply is None:
+        return
+    rows = apply(rows)
+    offset = 0
+    for p, g in samples:
+        size = g[0].numel()
+        p.grad_sample = rows[:, offset:offset + size].reshape(g.shape)
+        offset += size
+
+
 def make_private(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -51,6 +95,7 @@ def make_private(
     expected_batch_size: int,
     grad_sample_mode: str = "hooks",
     noise_generator: torch.Generator | None = None,
+    per_example_transform: PerExampleTransform | None = None,
 ):
     """Return ``(grad_sample_module, dp_optimizer)`` for the planned part ``part``: noise
     multiplier ``ctx.part(part).noise_multiplier``; every step that adds noise (not one
@@ -59,6 +104,8 @@ def make_private(
     The loss must be a mean over the physical batch: Opacus rescales per-example
     gradients by the batch length, and the optimizer divides the noisy sum by
     ``expected_batch_size``: ``(Σ clip(g_i, C) + N(0, σ²C²)) / expected_batch_size``.
+    ``per_example_transform``: applied to each example's gradient before it is clipped
+    (``PerExampleTransform``; ``private_backward`` applies it in every mode but ``ghost``).
     """
     noise_multiplier = ctx.part(part).noise_multiplier
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
@@ -70,13 +117,18 @@ def make_private(
     # (real images): expected and harmless; the secure-RNG note is about secure_mode.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
+    if per_example_transform is not None and grad_sample_mode == "ghost":
+        raise ValueError("grad_sample_mode 'ghost' never holds per-example gradients: a per-example transform "
+                         "needs 'bk' or 'hooks'")
     if grad_sample_mode == "bk":
-        gsm = BookKeepingModule(module, max_grad_norm=max_grad_norm, loss_reduction="mean")
+        gsm = BookKeepingModule(module, max_grad_norm=max_grad_norm, loss_reduction="mean",
+                                transform=per_example_transform)
     elif grad_sample_mode == "ghost":
         gsm = wrap_model(module, "ghost", batch_first=True, loss_reduction="mean", max_grad_norm=max_grad_norm,
                          use_ghost_clipping=True)
     else:
         gsm = wrap_model(module, grad_sample_mode, batch_first=True, loss_reduction="mean")
+        gsm._dpgen_transform = per_example_transform
     opt_cls = DPOptimizerFastGradientClipping if grad_sample_mode in NORM_ONLY_MODES else DPOptimizer
     dp_opt = opt_cls(
         optimizer,
@@ -126,8 +178,11 @@ def private_backward(module: nn.Module, optimizer: DPOptimizer, loss: torch.Tens
                              "part (detach its inputs, e.g. draw the fakes under torch.no_grad())")
         DPTensorFastGradientClipping(module, optimizer, loss, "mean").backward()
         return
-    inputs = [p for p in module.parameters() if p.requires_grad] + list(also)
-    (loss.mean() if loss.dim() > 0 else loss).backward(inputs=inputs)
+    params = [p for p in module.parameters() if p.requires_grad]
+    (loss.mean() if loss.dim() > 0 else loss).backward(inputs=params + list(also))
+    transform = getattr(module, "_dpgen_transform", None)
+    if transform is not None:
+        transform_grad_samples(params, transform)
 
 
 def _graph_leaves(t: torch.Tensor) -> list[torch.Tensor]:

@@ -45,6 +45,14 @@ copies of one image, one clipped gradient): an example's K rows enter every rule
 positions of one example (``_merge_rows``), so the norms and sums above are of the example's
 gradient, not of its rows'; Opacus' per-row rules are summed over the K rows.
 
+A per-example transform (``transform=``, DPAF's gradient compression: each example's whole
+gradient edited before it is clipped, ``dpsgd.PerExampleTransform``) needs every entry of
+every example's gradient, so no norm trick applies: ``backward`` then builds the per-example
+gradients of all layers for a few examples at a time (the same per-layer products as the
+per-example rule above; ``_materialised``), transforms, clips and adds them to the sum, so
+memory stays O(chunk · |θ|) and the chunk's values stay in cache between the passes, where
+Opacus' hooks hold all B × |θ| values and make each pass over them in main memory.
+
 Not supported (a clear error at wrap time or at backward): a layer called twice before one
 backward (tied weights), a layer output changed in place after its forward, layers with
 parameters and no per-example rule.
@@ -61,6 +69,7 @@ from torch import nn
 
 Norms = Literal["mixed", "ghost", "per_example"]
 _CHUNK = 32  # examples unfolded at a time
+_TRANSFORM_CHUNK_VALUES = 1 << 20  # per-example gradient values held at a time under a transform (4 MiB)
 
 
 def _merge_rows(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -95,7 +104,7 @@ class BookKeepingModule(nn.Module):
     ``per_sample_norms`` holds the last batch's norms (diagnostics only: not private)."""
 
     def __init__(self, module: nn.Module, *, max_grad_norm: float, loss_reduction: str = "mean",
-                 norms: Norms = "mixed"):
+                 norms: Norms = "mixed", transform=None):
         super().__init__()
         if loss_reduction not in ("mean", "sum"):
             raise ValueError("loss_reduction must be 'mean' or 'sum'")
@@ -105,6 +114,7 @@ class BookKeepingModule(nn.Module):
         self.max_grad_norm = float(max_grad_norm)
         self.loss_reduction = loss_reduction
         self.norms = norms
+        self.transform = transform  # dpsgd.PerExampleTransform or None
         self.hooks_enabled = True
         self.per_sample_norms: torch.Tensor | None = None
         self.layer_rules: dict[str, str] = {}  # layer name -> rule used at the last backward
@@ -184,6 +194,10 @@ class BookKeepingModule(nn.Module):
         if group < 1 or rows % group:
             raise ValueError(f"bk backward: {rows} rows are not whole groups of {group}")
         n = rows // group  # examples
+        if self.transform is not None:
+            self._materialised(records, backprops, n, group)
+            self._zero_missing_grads()
+            return
         sq = None
         finishers = []
         for (name, m, a, out, _), g in zip(records, backprops):
@@ -204,6 +218,41 @@ class BookKeepingModule(nn.Module):
             for p, grad in finish(coef):
                 p.grad = grad if p.grad is None else p.grad + grad
         self._zero_missing_grads()  # unused in this forward: a zero per-example gradient
+
+    def _materialised(self, records, backprops, n: int, group: int) -> None:
+        """``Σᵢ clip(T(gᵢ), C)`` with the per-example gradients built a chunk of examples at
+        a time (``T`` = ``self.transform``): each example's gradient over all layers, in
+        ``module.parameters()`` order (the order Opacus' hooks path concatenates them in, so
+        a transform with sampled positions sees the same values)."""
+        builders = {}  # parameter -> (chunk start, chunk end) -> (c, numel) per-example gradients
+        for (name, m, a, out, _), g in zip(records, backprops):
+            if a.shape[0] != n * group:
+                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {n * group}")
+            g = torch.zeros_like(out) if g is None else g.detach()
+            if self.loss_reduction == "mean":
+                g = g * n
+            builders.update(_per_example_builders(m, a, g, group))
+            self.layer_rules[name] = "materialised"
+        params = [p for p in self._module.parameters() if p in builders]
+        sizes = [p.numel() for p in params]
+        d = sum(sizes)
+        device = params[0].device
+        apply = self.transform.plan(n, d, device)
+        step = max(1, min(n, _TRANSFORM_CHUNK_VALUES // max(1, d)))
+        total = torch.zeros(d, device=device, dtype=params[0].dtype)
+        norms = []
+        for i in range(0, n, step):
+            j = min(n, i + step)
+            flat = torch.cat([builders[p](i, j) for p in params], 1)  # c, d
+            if apply is not None:
+                flat = apply(flat)
+            norm = torch.linalg.vector_norm(flat, dim=1)
+            norms.append(norm)
+            total.addmv_(flat.t(), (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
+        self.per_sample_norms = torch.cat(norms)
+        for p, grad in zip(params, total.split(sizes)):
+            grad = grad.view_as(p)
+            p.grad = grad if p.grad is None else p.grad + grad
 
     def zero_contribution(self) -> None:
         """An empty (Poisson) batch: every clipped sum is 0; the step then adds pure noise."""
@@ -315,3 +364,38 @@ class BookKeepingModule(nn.Module):
             return [(p, torch.einsum("n,n...->...", coef, gs)) for p, gs in grads.items()]
 
         return sq, finish, "opacus"
+
+
+def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int) -> dict:
+    """For each trainable parameter of layer ``m``: a function (i, j) → the per-example
+    gradients of examples i … j−1, flattened (j − i, numel): Opacus' per-example gradient
+    (output gradient × input, over the example's K·T positions)."""
+    k, rule, out = group, _rule(m), {}
+    w, b = getattr(m, "weight", None), getattr(m, "bias", None)
+    if rule in ("conv2d", "linear"):
+        a = a.to(g.dtype)
+    if rule == "conv2d":
+        G = _merge_rows(g.flatten(2), k)  # n, p, K·T
+        if w is not None and w.requires_grad:
+            def conv_w(i, j):
+                A = _merge_rows(F.unfold(a[i * k:j * k], m.kernel_size, dilation=m.dilation, padding=m.padding,
+                                         stride=m.stride), k)  # c, d, K·T
+                return torch.bmm(G[i:j], A.transpose(1, 2)).flatten(1)
+            out[w] = conv_w
+        if b is not None and b.requires_grad:
+            out[b] = lambda i, j: G[i:j].sum(2)
+    elif rule == "linear":
+        n = a.shape[0] // k
+        A = a.reshape(n, -1, a.shape[-1])  # n, K·T, d
+        G = g.reshape(n, -1, g.shape[-1])  # n, K·T, p
+        if w is not None and w.requires_grad:
+            out[w] = lambda i, j: torch.bmm(G[i:j].transpose(1, 2), A[i:j]).flatten(1)
+        if b is not None and b.requires_grad:
+            out[b] = lambda i, j: G[i:j].sum(1)
+    else:  # Opacus' rule for the whole batch (norm and embedding layers: small), sliced
+        n = a.shape[0] // k
+        for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items():
+            if p.requires_grad:
+                gs = gs.reshape(n, k, -1).sum(1) if k > 1 else gs.reshape(n, -1)
+                out[p] = lambda i, j, gs=gs: gs[i:j]
+    return out

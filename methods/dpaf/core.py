@@ -18,7 +18,7 @@ from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, 
 from dpgen_bench.privacy.release import GaussianRelease
 
 from .budget import parse_split, plan_parts, schedule
-from .compression import compress_grad_samples
+from .compression import GradientCompression
 from .dpagg import aggregate, dpagg, sin
 from .nets import (
     Classifier,
@@ -75,9 +75,10 @@ class DPAFHparams:
     log_every: int = 50
     torch_threads: int | None = None  # intra-op threads during fit (restored after); None: unchanged
     # how conv1's and conv2*'s per-example gradients are clipped (dpgen_bench/privacy/dpsgd.py).
-    # auto: the fastest exact one: "hooks" with gradient compression, which edits every
-    # per-example gradient and so needs them materialised; "bk" (book-keeping, no
-    # per-example gradients; the same update as hooks, tests/unit/test_fastclip.py) without
+    # auto: "bk" (dpgen_bench/privacy/fastclip.py), the fastest exact one: with gradient
+    # compression it builds each example's gradient a chunk of examples at a time (memory
+    # bounded, ~half the time of Opacus' hooks + GC), without it none; the same update as
+    # "hooks" either way (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     grad_sample_mode: Literal["auto", "hooks", "functorch", "bk"] = "auto"
 
     def __post_init__(self):
@@ -97,15 +98,10 @@ class DPAFHparams:
         if min(self.width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
             raise ValueError("widths, dimensions and log_every must be ≥ 1")
         parse_split(self.budget_split)
-        if self.gc and self.grad_sample_mode == "bk":
-            raise ValueError("gradient compression (gc) edits per-example gradients: use grad_sample_mode "
-                             "'hooks' or 'functorch' (or gc=false for 'bk')")
 
     @property
     def dpsgd_mode(self) -> str:
-        if self.grad_sample_mode != "auto":
-            return self.grad_sample_mode
-        return "hooks" if self.gc else "bk"
+        return "bk" if self.grad_sample_mode == "auto" else self.grad_sample_mode
 
 
 # the quick preset on digits (see DPAF.presets for how it was chosen); mnist-5k reuses it
@@ -292,8 +288,7 @@ class DPAF(Method):
         opt = torch.optim.Adam(dp_module.parameters(), lr=h.lr_c, betas=betas)
         gsm, dp_opt = make_private(dp_module, opt, ctx=ctx, part=part.name, max_grad_norm=h.max_grad_norm,
                                    expected_batch_size=h.batch_size, noise_generator=noise_gen,
-                                   grad_sample_mode=h.dpsgd_mode)
-        dp_params = [p for p in dp_module.parameters() if p.requires_grad]
+                                   grad_sample_mode=h.dpsgd_mode, per_example_transform=self._gc(gc_gen))
         loss_sum, seen, start = 0.0, 0, 1
         if resume is not None:
             C.load_state_dict(resume["C"])
@@ -325,9 +320,7 @@ class DPAF(Method):
                 target = F.one_hot(y, k).to(probs.dtype).mean(0, keepdim=True)  # class proportions
                 loss = F.mse_loss(probs, target)
                 private_backward(gsm, dp_opt, loss, also=list(C.conv2.parameters()) + list(C.head.parameters()))
-            if h.gc:
-                compress_grad_samples(dp_params, h.gc_keep, generator=gc_gen)
-            dp_opt.step()  # counted on conv1
+            dp_opt.step()  # counted on conv1 (GC: make_private's per-example transform)
             if other_opt is not None and loss is not None:
                 other_opt.step()
             bar.update(1)
@@ -356,7 +349,7 @@ class DPAF(Method):
         opt_c2 = torch.optim.Adam(self.conv2.parameters(), lr=h.lr_conv2, betas=betas)
         gsm2, dp_opt2 = make_private(self.conv2, opt_c2, ctx=ctx, part=part2.name, max_grad_norm=h.max_grad_norm,
                                      expected_batch_size=2 * mu * B, noise_generator=noise_gen,
-                                     grad_sample_mode=h.dpsgd_mode)
+                                     grad_sample_mode=h.dpsgd_mode, per_example_transform=self._gc(gc_gen))
         sigma3, sens = part3.noise_multiplier, self.sensitivity
         # DPAGG's release of the real aggregate: counts the step before its noise is drawn and
         # holds a white-box audit's canaries (privacy.release); the fakes' aggregate gets the
@@ -397,10 +390,9 @@ class DPAF(Method):
             # conv2* by DPSGD(ε2) once every μ batches (lines 9–12)
             if i % mu == 0 and conv2_steps < part2.steps:
                 if h.privacy_mode == "sound":
-                    c2_loss = self._conv2_step_sound(images, labels, window, part2, gsm2, dp_opt2, data_gen,
-                                                     gc_gen)
+                    c2_loss = self._conv2_step_sound(images, labels, window, part2, gsm2, dp_opt2, data_gen)
                 else:
-                    c2_loss = self._conv2_step_paper(images, labels, window, gsm2, dp_opt2, gc_gen)
+                    c2_loss = self._conv2_step_paper(images, labels, window, gsm2, dp_opt2)
                 conv2_steps += 1  # dp_opt2's step is counted on conv2
                 stats["conv2_loss"] += c2_loss
                 stats["n_c2"] += 1
@@ -424,7 +416,7 @@ class DPAF(Method):
                                 **{k: m.state_dict() for k, m in {**nets, **opts}.items()}})
         gsm2._close()
 
-    def _conv2_step_sound(self, images, labels, window, part2, gsm2, dp_opt2, data_gen, gc_gen) -> float:
+    def _conv2_step_sound(self, images, labels, window, part2, gsm2, dp_opt2, data_gen) -> float:
         """conv2*'s DPSGD step on L'_BCE (D̃: AGG instead of DPAGG) with per-example
         gradients. Reals: a fresh Poisson sample (rate γ2 = μB/N) split at random into μ
         chunks; example i of chunk k gets the gradient of ⟨SIN(conv2*(conv1(xᵢ), yᵢ)), v_k⟩
@@ -451,13 +443,11 @@ class DPAF(Method):
         rows = torch.cat([v[:mu][k_real], v[mu:][k_fake]])
         surrogate = (feats * rows).sum(1).mean()  # Opacus' per-sample gradients: ∇⟨f_i, v⟩
         dp_opt2.zero_grad(set_to_none=True)
-        private_backward(gsm2, dp_opt2, surrogate)
-        if h.gc:
-            compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
+        private_backward(gsm2, dp_opt2, surrogate)  # GC (make_private's transform) included
         dp_opt2.step()
         return float(lv.item()) / (2 * mu)
 
-    def _conv2_step_paper(self, images, labels, window, gsm2, dp_opt2, gc_gen) -> float:
+    def _conv2_step_paper(self, images, labels, window, gsm2, dp_opt2) -> float:
         """Algorithm 1 line 10 literally: L'_BCE over the last μ batches on D̃ (clean AGG
         per batch, real and fake), Opacus' per-sample gradients of that coupled loss."""
         h, dev = self.hparams, images.device
@@ -474,11 +464,14 @@ class DPAF(Method):
         tgt = torch.cat([torch.ones(mu, device=dev), torch.zeros(mu, device=dev)])
         loss = F.binary_cross_entropy_with_logits(self._head_agg(sums).flatten(), tgt)
         dp_opt2.zero_grad(set_to_none=True)
-        private_backward(gsm2, dp_opt2, loss)  # conv2*'s parameters only
-        if h.gc:
-            compress_grad_samples(self.conv2.parameters(), h.gc_keep, generator=gc_gen)
+        private_backward(gsm2, dp_opt2, loss)  # conv2*'s parameters only; GC included
         dp_opt2.step()
         return float(loss.item())
+
+    def _gc(self, generator: torch.Generator) -> GradientCompression | None:
+        """Gradient compression as the DPSGD parts' per-example transform (None: gc off)."""
+        h = self.hparams
+        return GradientCompression(h.gc_keep, generator) if h.gc else None
 
     def _g_step(self, gsm2, opt_g, x, y) -> float:
         """L''_BCE on D̂ (D without DPAGG: per example) for the batch's fakes; only G moves.

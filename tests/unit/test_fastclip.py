@@ -431,3 +431,109 @@ def test_noise_comes_from_the_given_generator_and_the_part_is_watched(mode):
         return torch.cat([p.grad.flatten() for p in D.parameters()])
 
     torch.testing.assert_close(noise(1), noise(2), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------ per-example transforms (DPAF's GC)
+
+
+def _transform(kind):
+    """A per-example transform of each kind the harness uses: DPAF's gradient compression with
+    an exact threshold, and with a threshold sampled at positions drawn once per step."""
+    from methods.dpaf.compression import GradientCompression
+
+    if kind == "exact":
+        return GradientCompression(0.7)
+    return GradientCompression(0.7, torch.Generator().manual_seed(5), exact_limit=0, sample_size=16)
+
+
+def _transformed_reference(grads, transform, C):
+    """Σᵢ clip(T(gᵢ), C) from per-example autograd gradients (lists per parameter), each
+    example's gradient flattened over all parameters in ``parameters()`` order."""
+    rows = torch.stack([torch.cat([g.flatten() for g in gs]) for gs in grads])
+    apply = transform.plan(*rows.shape, rows.device)
+    rows = rows if apply is None else apply(rows.clone())
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    total = ((C / (norms + 1e-6)).clamp(max=1.0)[:, None] * rows).sum(0)
+    return total.split([g.numel() for g in grads[0]]), norms
+
+
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "bk"])
+def test_a_per_example_transform_is_applied_before_clipping_in_every_mode(mode, kind, device, monkeypatch):
+    """``make_private(per_example_transform=T)`` gives Σᵢ clip(T(gᵢ), C) in every mode that can
+    hold per-example gradients: Opacus' modes transform p.grad_sample, bk builds the
+    per-example gradients of every layer rule (conv, linear on vectors and sequences, embedding,
+    layer norm) three examples at a time (a chunk size that does not divide the batch), against
+    a per-example autograd loop; most examples clipped."""
+    import dpgen_bench.privacy.fastclip as fastclip
+
+    torch.manual_seed(0)
+    net, ref = _Mixed().to(device), _Mixed().to(device)
+    ref.load_state_dict(net.state_dict())
+    n = 7
+    x, y = torch.randn(n, 2, 4, 4).to(device), torch.randint(0, 10, (n,)).to(device)
+    t = (torch.arange(n) % 2).float().to(device)
+    grads = []
+    for i in range(n):
+        ref.zero_grad()
+        F.binary_cross_entropy_with_logits(ref(x[i:i + 1], y[i:i + 1]), t[i:i + 1]).backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    d = sum(p.numel() for p in net.parameters())
+    monkeypatch.setattr(fastclip, "_TRANSFORM_CHUNK_VALUES", 3 * d)
+    C = norms_of(grads).median().item() / 2
+    want, want_norms = _transformed_reference(grads, _transform(kind), C)
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    gsm, dp_opt = make_private(net, opt, ctx=PartContext(0.0), part="d", max_grad_norm=C, expected_batch_size=n,
+                               grad_sample_mode=mode, per_example_transform=_transform(kind))
+    private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x, y), t, reduction="none"))
+    dp_opt.step()
+    for p, w in zip(net.parameters(), want):
+        torch.testing.assert_close(p.grad, w.view_as(p) / n, rtol=1e-4, atol=1e-7)
+    if mode == "bk":
+        torch.testing.assert_close(gsm.per_sample_norms, want_norms, rtol=1e-4, atol=1e-7)
+        assert set(gsm.layer_rules.values()) == {"materialised"}
+    # the transform did something: without it the update differs
+    plain, _ = _transformed_reference(grads, _transform(kind).__class__(1.0), C)
+    assert not all(torch.allclose(a, b) for a, b in zip(want, plain))
+
+
+@pytest.mark.parametrize("chunk_examples", [1, 2, 5])
+def test_bk_transform_groups_of_rows_and_any_chunk_size(chunk_examples, device, monkeypatch):
+    """Under a transform, bk's ``group=K`` examples (DPDM's K rows per example) are still one
+    example each, and the result does not depend on how many examples a chunk holds."""
+    import dpgen_bench.privacy.fastclip as fastclip
+
+    torch.manual_seed(0)
+    net, ref = _UNetBits().to(device), _UNetBits().to(device)
+    ref.load_state_dict(net.state_dict())
+    n, k = 5, 3
+    x = torch.randn(n * k, 2, 4, 4).to(device)
+    y = torch.randint(0, 10, (n,)).repeat_interleave(k).to(device)
+    s = torch.rand(n * k).to(device)
+    target = torch.randn(n * k, 2, 4, 4).to(device)
+
+    def row_losses(model, rows):
+        return ((model(x[rows], y[rows], s[rows]) - target[rows]) ** 2).flatten(1).mean(1)
+
+    grads = []
+    for i in range(n):
+        ref.zero_grad()
+        row_losses(ref, slice(i * k, (i + 1) * k)).mean().backward()
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    C = norms_of(grads).median().item()
+    want, want_norms = _transformed_reference(grads, _transform("exact"), C)
+    monkeypatch.setattr(fastclip, "_TRANSFORM_CHUNK_VALUES", chunk_examples * sum(p.numel() for p in net.parameters()))
+    bk = BookKeepingModule(net, max_grad_norm=C, transform=_transform("exact"))
+    bk.backward(row_losses(bk, slice(None)), group=k)
+    torch.testing.assert_close(bk.per_sample_norms, want_norms, rtol=1e-4, atol=1e-6)
+    for p, w in zip(net.parameters(), want):
+        torch.testing.assert_close(p.grad, w.view_as(p), rtol=1e-4, atol=1e-6)
+
+
+def test_ghost_refuses_a_per_example_transform():
+    net = _Mixed()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    with pytest.raises(ValueError, match="^grad_sample_mode 'ghost' never holds per-example gradients: a "
+                                         "per-example transform needs 'bk' or 'hooks'$"):
+        make_private(net, opt, ctx=PartContext(0.0), part="d", max_grad_norm=1.0, expected_batch_size=4,
+                     grad_sample_mode="ghost", per_example_transform=_transform("exact"))
