@@ -252,15 +252,13 @@ class _UNetBits(nn.Module):
         return self.out(seq.transpose(1, 2).reshape(len(x), 6, *x.shape[2:]))
 
 
-@pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
-def test_bk_groups_of_rows_are_one_example(norms, device):
-    """``group=K`` (DPDM's noise multiplicity): rows iK … iK+K−1 are K noised copies of example
-    i, whose gradient is that of the mean of their K losses, clipped once. Against a
-    per-example autograd loop, every layer kind of the U-Net, every norm rule."""
+def _grouped_case(device, n=5, k=3):
+    """A U-Net-like net, n examples of K rows each (K noised copies, DPDM's noise
+    multiplicity), its per-row losses, and each example's gradient by per-example autograd
+    (the gradient of the mean of its K rows' losses)."""
     torch.manual_seed(0)
     net, ref = _UNetBits().to(device), _UNetBits().to(device)
     ref.load_state_dict(net.state_dict())
-    n, k = 5, 3
     x = torch.randn(n * k, 2, 4, 4).to(device)
     y = torch.randint(0, 10, (n,)).repeat_interleave(k).to(device)
     s = torch.rand(n * k).to(device)
@@ -274,6 +272,15 @@ def test_bk_groups_of_rows_are_one_example(norms, device):
         ref.zero_grad()
         row_losses(ref, slice(i * k, (i + 1) * k)).mean().backward()
         grads.append([p.grad.clone() for p in ref.parameters()])
+    return net, k, row_losses, grads
+
+
+@pytest.mark.parametrize("norms", ["mixed", "ghost", "per_example"])
+def test_bk_groups_of_rows_are_one_example(norms, device):
+    """``group=K`` (DPDM's noise multiplicity): rows iK … iK+K−1 are K noised copies of example
+    i, whose gradient is that of the mean of their K losses, clipped once. Against a
+    per-example autograd loop, every layer kind of the U-Net, every norm rule."""
+    net, k, row_losses, grads = _grouped_case(device)
     sizes = norms_of(grads)
     C = sizes.median().item()
     coef = (C / (sizes + 1e-6)).clamp(max=1.0)
@@ -503,23 +510,7 @@ def test_bk_transform_groups_of_rows_and_any_chunk_size(chunk_examples, device, 
     example each, and the result does not depend on how many examples a chunk holds."""
     import dpgen_bench.privacy.fastclip as fastclip
 
-    torch.manual_seed(0)
-    net, ref = _UNetBits().to(device), _UNetBits().to(device)
-    ref.load_state_dict(net.state_dict())
-    n, k = 5, 3
-    x = torch.randn(n * k, 2, 4, 4).to(device)
-    y = torch.randint(0, 10, (n,)).repeat_interleave(k).to(device)
-    s = torch.rand(n * k).to(device)
-    target = torch.randn(n * k, 2, 4, 4).to(device)
-
-    def row_losses(model, rows):
-        return ((model(x[rows], y[rows], s[rows]) - target[rows]) ** 2).flatten(1).mean(1)
-
-    grads = []
-    for i in range(n):
-        ref.zero_grad()
-        row_losses(ref, slice(i * k, (i + 1) * k)).mean().backward()
-        grads.append([p.grad.clone() for p in ref.parameters()])
+    net, k, row_losses, grads = _grouped_case(device)
     C = norms_of(grads).median().item()
     want, want_norms = _transformed_reference(grads, _transform("exact"), C)
     monkeypatch.setattr(fastclip, "_TRANSFORM_CHUNK_VALUES", chunk_examples * sum(p.numel() for p in net.parameters()))
