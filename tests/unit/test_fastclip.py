@@ -528,3 +528,66 @@ def test_ghost_refuses_a_per_example_transform():
                                          "per-example transform needs 'bk' or 'hooks'$"):
         make_private(net, opt, ctx=PartContext(0.0), part="d", max_grad_norm=1.0, expected_batch_size=4,
                      grad_sample_mode="ghost", per_example_transform=_transform("exact"))
+
+
+class _Odd(nn.Module):
+    """Corners of the per-example builders: a dilated, strided conv; a frozen bias (no
+    gradient, and not part of the clipped vector); a layer whose output never reaches the
+    loss (a zero per-example gradient; Opacus' hooks refuse it: ``unused=False`` for them);
+    a linear without bias."""
+
+    def __init__(self, unused=True):
+        super().__init__()
+        self.use_unused = unused
+        self.conv = nn.Conv2d(2, 3, 3, stride=2, padding=2, dilation=2)
+        self.conv.bias.requires_grad_(False)
+        self.unused = nn.Linear(4, 2).requires_grad_(unused)
+        self.fc = nn.Linear(3 * 3 * 3, 1, bias=False)
+
+    def forward(self, x, y):
+        if self.use_unused:
+            self.unused(x.flatten(1)[:, :4])  # computed, never used
+        return self.fc(F.relu(self.conv(x)).flatten(1)).flatten()
+
+
+@pytest.mark.parametrize("mode", ["hooks", "bk"])
+@pytest.mark.parametrize("n", [1, 6])
+def test_a_transform_on_frozen_unused_and_dilated_layers_and_over_two_backward_passes(mode, n):
+    """Against per-example autograd, transformed then clipped: a frozen parameter gets no
+    gradient and is not part of an example's vector, a layer outside the loss adds zeros,
+    a dilated strided conv is unfolded as it is; a batch of one example is transformed too;
+    two backward passes before one step add up (bk accumulates into ``.grad``, as without a
+    transform)."""
+    from methods.dpaf.compression import GradientCompression
+
+    torch.manual_seed(0)
+    net, ref = _Odd(unused=mode == "bk"), _Odd(unused=mode == "bk")
+    ref.load_state_dict(net.state_dict())
+    x, t = torch.randn(2 * n, 2, 5, 5), (torch.arange(2 * n) % 2).float()
+    grads = []
+    for i in range(2 * n):
+        ref.zero_grad()
+        F.binary_cross_entropy_with_logits(ref(x[i:i + 1], None), t[i:i + 1]).backward()
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                      for p in ref.parameters() if p.requires_grad])
+    C = norms_of(grads).median().item() / 2
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    halves = [_transformed_reference(grads[:n], GradientCompression(0.4), C)[0],
+              _transformed_reference(grads[n:], GradientCompression(0.4), C)[0]]
+    untransformed = _transformed_reference(grads[:n], GradientCompression(1.0), C)[0]
+    assert not all(torch.allclose(a, b) for a, b in zip(halves[0], untransformed))  # it bites here
+    opt = torch.optim.SGD(trainable, lr=0.0)
+    gsm, dp_opt = make_private(net, opt, ctx=PartContext(0.0), part="d", max_grad_norm=C, expected_batch_size=n,
+                               grad_sample_mode=mode, per_example_transform=GradientCompression(0.4))
+    if mode == "bk":  # two passes, one step
+        for half in (slice(0, n), slice(n, 2 * n)):
+            private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x[half], None), t[half],
+                                                                            reduction="none"))
+        want = [a + b for a, b in zip(*halves)]
+    else:
+        private_backward(gsm, dp_opt, F.binary_cross_entropy_with_logits(gsm(x[:n], None), t[:n], reduction="none"))
+        want = halves[0]
+    dp_opt.step()
+    assert net.conv.bias.grad is None
+    for p, w in zip(trainable, want):
+        torch.testing.assert_close(p.grad, w.view_as(p) / n, rtol=1e-4, atol=1e-7)
