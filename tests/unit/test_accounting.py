@@ -260,3 +260,52 @@ def test_steps_for_budget_is_the_largest_count_within_the_target(mechanism):
     # exactly one step fits
     assert steps_for_budget(epsilon=(one + spent(2)) / 2 / (1 - _WOR_MARGIN), delta=delta, sample_rate=q,
                             noise_multiplier=sigma, mechanism=mechanism) == 1
+
+
+# ------------------------------------------------ found by make mutate (accounting.py)
+
+
+def test_steps_for_budget_keeps_the_wor_margin_under_the_target():
+    """A without-replacement part aims ``_WOR_MARGIN`` under the target (autodp's order search
+    lands within ~1e-6 of ours, either side): at a target equal to ε after t₀ steps, the WOR
+    answer is t₀ − 1, the Poisson answer t₀."""
+    from dpgen_bench.privacy.accounting import POISSON, WOR
+
+    for mechanism, want in ((WOR, 39), (POISSON, 40)):
+        part = PrivacyPart("p", 1.5, 0.02, 40, mechanism=mechanism)
+        target = compose_rdp([part], 1e-5)
+        got = steps_for_budget(epsilon=target, delta=1e-5, sample_rate=0.02, noise_multiplier=1.5,
+                               mechanism=mechanism)
+        assert got == want, mechanism
+
+
+def test_gaussian_releases_never_compose_above_the_single_calibrated_release():
+    """The shares of one Gaussian release compose to that release's RDP up to rounding, and the
+    (1 + 1e-9) on each σ keeps the rounding on the private side."""
+    from dpgen_bench.privacy.accounting import gaussian_releases
+
+    for shares in ({"a": 1, "b": 1}, {"a": 0.1, "b": 0.3, "c": 0.6}, {"a": 1, "b": 0, "c": 2}):
+        sigma = calibrate_noise(epsilon=2.0, delta=1e-5, sample_rate=1.0, steps=1)
+        parts = gaussian_releases(epsilon=2.0, delta=1e-5, shares=shares)
+        assert [p.name for p in parts] == [k for k, w in shares.items() if w > 0]
+        single = compose_rdp([PrivacyPart("all", sigma, 1.0, 1)], 1e-5)
+        assert compose_rdp(parts, 1e-5) <= single <= 2.0
+
+
+def test_privacy_profile_keeps_epsilons_below_one():
+    """The profile is the accountant's ε at each δ′, clipped at 0 only (a small run's ε < 1 is
+    certified as it is)."""
+    from dpgen_bench.privacy.accounting import privacy_profile
+
+    parts = (PrivacyPart("p", 3.0, 0.01, 50),)
+    profile = privacy_profile(parts, 1e-5, (1e-3, 1e-5))
+    assert [d for _, d in profile] == [1e-5, 1e-3]
+    for e, d in profile:
+        assert e == pytest.approx(compose_rdp(list(parts), d)) and 0 < e < 1
+
+
+def test_fmt_eps():
+    from dpgen_bench.privacy.accounting import fmt_eps
+
+    assert fmt_eps(float("nan")) == "n/a" and fmt_eps(float("inf")) == "∞"
+    assert fmt_eps(1.23456) == "1.23" and fmt_eps(0.998, ".2f") == "1.00"
