@@ -271,3 +271,12 @@ def test_paper_presets_follow_the_authors_configs():
     celeba = build_config("dpgan", "celeba-gender-32", epsilon=10.0, preset="paper")
     assert celeba.delta == 1e-6 and celeba.samples_per_class == 30_000
     assert build_config("dpgan", "celeba-gender-32", epsilon=10.0, delta=1e-5, preset="paper").delta == 1e-5
+
+
+@pytest.mark.parametrize("orders", [[1], [2, 1], [2.5], [3, 1.5]])
+def test_wor_rdp_refuses_orders_the_theorems_do_not_cover(orders):
+    """Theorems 9 and 27 are stated at integer orders α ≥ 2: an order 1 (integer, too small)
+    or 2.5 (large enough, not an integer) is refused, never evaluated."""
+    for gaussian in (False, True):
+        with pytest.raises(ValueError, match="^the WOR bounds of Wang et al. need integer orders ≥ 2$"):
+            rdp_wor_gaussian(0.1, 1.0, orders, gaussian=gaussian)
