@@ -280,3 +280,14 @@ def test_wor_rdp_refuses_orders_the_theorems_do_not_cover(orders):
     for gaussian in (False, True):
         with pytest.raises(ValueError, match="^the WOR bounds of Wang et al. need integer orders ≥ 2$"):
             rdp_wor_gaussian(0.1, 1.0, orders, gaussian=gaussian)
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_wor_rdp_without_noise_or_without_subsampling(gaussian):
+    """σ = 0: ε(α) = ∞ at every order (noise off: no privacy); γ = 1 (every example in every
+    step): no amplification, the Gaussian mechanism's own α/(2σ²)."""
+    orders = [2, 3, 10, 64]
+    assert np.isinf(rdp_wor_gaussian(0.1, 0.0, orders, gaussian=gaussian)).all()
+    assert len(rdp_wor_gaussian(0.1, 0.0, orders, gaussian=gaussian)) == 4
+    np.testing.assert_allclose(rdp_wor_gaussian(1.0, 1.7, orders, gaussian=gaussian),
+                               [a / (2 * 1.7 ** 2) for a in orders], rtol=1e-12)
