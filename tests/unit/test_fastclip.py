@@ -591,3 +591,16 @@ def test_a_transform_on_frozen_unused_and_dilated_layers_and_over_two_backward_p
     assert net.conv.bias.grad is None
     for p, w in zip(trainable, want):
         torch.testing.assert_close(p.grad, w.view_as(p) / n, rtol=1e-4, atol=1e-7)
+
+
+def test_private_backward_on_a_plain_module_is_a_plain_backward():
+    """What benchmarks/scaling.py's non-private rows rely on: a module ``make_private`` never
+    wrapped gets the ordinary gradient of the mean loss (no clipping, no transform)."""
+    torch.manual_seed(0)
+    net, ref = _Mixed(), _Mixed()
+    ref.load_state_dict(net.state_dict())
+    x, y, t = torch.randn(5, 2, 4, 4), torch.randint(0, 10, (5,)), (torch.arange(5) % 2).float()
+    private_backward(net, None, F.binary_cross_entropy_with_logits(net(x, y), t, reduction="none"))
+    F.binary_cross_entropy_with_logits(ref(x, y), t).backward()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
