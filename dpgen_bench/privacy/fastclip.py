@@ -188,25 +188,21 @@ class BookKeepingModule(nn.Module):
         backprops = grads[:len(records)]
         for t, gt in zip(also, grads[len(records):]):
             if gt is not None:
-                t.grad = gt if t.grad is None else t.grad + gt
+                _accumulate(t, gt)
 
         rows = records[0][2].shape[0]
         group = int(group)
         if group < 1 or rows % group:
             raise ValueError(f"bk backward: {rows} rows are not whole groups of {group}")
         n = rows // group  # examples
+        layers = self._layers(records, backprops, rows, n)
         if self.transform is not None:
-            self._materialised(records, backprops, n, group)
+            self._materialised(layers, n, group)
             self._zero_missing_grads()
             return
         sq = None
         finishers = []
-        for (name, m, a, out, _), g in zip(records, backprops):
-            if a.shape[0] != rows:
-                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {rows}")
-            g = torch.zeros_like(out) if g is None else g.detach()
-            if self.loss_reduction == "mean":
-                g = g * n  # Opacus' scaling: the gradient of example i's own loss (the mean of its rows')
+        for name, m, a, g in layers:
             rule = {"conv2d": self._conv2d, "linear": self._linear, "opacus": self._opacus}[_rule(m)]
             layer_sq, finish, self.layer_rules[name] = rule(m, a, g, group)
             sq = layer_sq if sq is None else sq + layer_sq
@@ -217,21 +213,29 @@ class BookKeepingModule(nn.Module):
         coef = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
         for finish in finishers:
             for p, grad in finish(coef):
-                p.grad = grad if p.grad is None else p.grad + grad
+                _accumulate(p, grad)
         self._zero_missing_grads()  # unused in this forward: a zero per-example gradient
 
-    def _materialised(self, records, backprops, n: int, group: int) -> None:
+    def _layers(self, records, backprops, rows: int, n: int) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor]]:
+        """(name, layer, input, output gradient) per recorded layer, the output gradient scaled
+        as Opacus scales it (the gradient of example i's own loss, the mean of its rows')."""
+        layers = []
+        for (name, m, a, out, _), g in zip(records, backprops):
+            if a.shape[0] != rows:
+                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {rows}")
+            g = torch.zeros_like(out) if g is None else g.detach()
+            if self.loss_reduction == "mean":
+                g = g * n
+            layers.append((name, m, a, g))
+        return layers
+
+    def _materialised(self, layers, n: int, group: int) -> None:
         """``Σᵢ clip(T(gᵢ), C)`` with the per-example gradients built a chunk of examples at
         a time (``T`` = ``self.transform``): each example's gradient over all layers, in
         ``module.parameters()`` order (the order Opacus' hooks path concatenates them in, so
         a transform with sampled positions sees the same values)."""
         builders = {}  # parameter -> (chunk start, chunk end) -> (c, numel) per-example gradients
-        for (name, m, a, out, _), g in zip(records, backprops):
-            if a.shape[0] != n * group:
-                raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {n * group}")
-            g = torch.zeros_like(out) if g is None else g.detach()
-            if self.loss_reduction == "mean":
-                g = g * n
+        for name, m, a, g in layers:
             builders.update(_per_example_builders(m, a, g, group))
             self.layer_rules[name] = "materialised"
         params = [p for p in self._module.parameters() if p in builders]
@@ -252,8 +256,7 @@ class BookKeepingModule(nn.Module):
             total.addmv_(flat.t(), (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
         self.per_sample_norms = torch.cat(norms)
         for p, grad in zip(params, total.split(sizes)):
-            grad = grad.view_as(p)
-            p.grad = grad if p.grad is None else p.grad + grad
+            _accumulate(p, grad.view_as(p))
 
     def zero_contribution(self) -> None:
         """An empty (Poisson) batch: every clipped sum is 0; the step then adds pure noise."""
@@ -289,8 +292,7 @@ class BookKeepingModule(nn.Module):
             parts = []
             step = max(1, _CHUNK // k)
             for i in range(0, n, step):
-                A = _merge_rows(F.unfold(a[i * k:(i + step) * k], m.kernel_size, dilation=m.dilation,
-                                         padding=m.padding, stride=m.stride), k)  # c, d, K·T
+                A = _unfold_examples(m, a, k, i, i + step)  # c, d, K·T
                 Gc = G[i:i + step]
                 if ghost:
                     parts.append((torch.bmm(A.transpose(1, 2), A) * torch.bmm(Gc.transpose(1, 2), Gc)).sum((1, 2)))
@@ -353,10 +355,8 @@ class BookKeepingModule(nn.Module):
         return sq, finish, ("linear ghost" if ghost else "linear per-example")
 
     def _opacus(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int = 1):
-        grads = {p: gs for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items() if p.requires_grad}
+        grads = _opacus_per_example(m, a, g, group)
         n = a.shape[0] // group
-        if group > 1:  # per-row gradients → per example: the sum over its K rows
-            grads = {p: gs.reshape(n, group, *gs.shape[1:]).sum(1) for p, gs in grads.items()}
         sq = torch.zeros(n, device=g.device, dtype=g.dtype)
         for gs in grads.values():
             sq = sq + gs.reshape(n, -1).pow(2).sum(1)
@@ -378,11 +378,7 @@ def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group:
     if rule == "conv2d":
         G = _merge_rows(g.flatten(2), k)  # n, p, K·T
         if w is not None and w.requires_grad:
-            def conv_w(i, j):
-                A = _merge_rows(F.unfold(a[i * k:j * k], m.kernel_size, dilation=m.dilation, padding=m.padding,
-                                         stride=m.stride), k)  # c, d, K·T
-                return torch.bmm(G[i:j], A.transpose(1, 2)).flatten(1)
-            out[w] = conv_w
+            out[w] = lambda i, j: torch.bmm(G[i:j], _unfold_examples(m, a, k, i, j).transpose(1, 2)).flatten(1)
         if b is not None and b.requires_grad:
             out[b] = lambda i, j: G[i:j].sum(2)
     elif rule == "linear":
@@ -394,9 +390,27 @@ def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group:
         if b is not None and b.requires_grad:
             out[b] = lambda i, j: G[i:j].sum(1)
     else:  # Opacus' rule for the whole batch (norm and embedding layers: small), sliced
-        n = a.shape[0] // k
-        for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items():
-            if p.requires_grad:
-                gs = gs.reshape(n, k, -1).sum(1) if k > 1 else gs.reshape(n, -1)
-                out[p] = lambda i, j, gs=gs: gs[i:j]
+        for p, gs in _opacus_per_example(m, a, g, k).items():
+            out[p] = lambda i, j, gs=gs.flatten(1): gs[i:j]
     return out
+
+
+def _accumulate(p: torch.Tensor, grad: torch.Tensor) -> None:
+    p.grad = grad if p.grad is None else p.grad + grad
+
+
+def _unfold_examples(m: nn.Conv2d, a: torch.Tensor, k: int, i: int, j: int) -> torch.Tensor:
+    """Examples i … j−1 of the conv's input unfolded (im2col), each example's K rows side by
+    side: (j − i, d, K·T)."""
+    return _merge_rows(F.unfold(a[i * k:j * k], m.kernel_size, dilation=m.dilation, padding=m.padding,
+                                stride=m.stride), k)
+
+
+def _opacus_per_example(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int) -> dict:
+    """Opacus' per-row gradients of layer ``m``'s trainable parameters, summed over each
+    example's K rows: {parameter: (n, *shape)}."""
+    grads = {p: gs for p, gs in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], g).items() if p.requires_grad}
+    if group > 1:  # per-row gradients → per example: the sum over its K rows
+        n = a.shape[0] // group
+        grads = {p: gs.reshape(n, group, *gs.shape[1:]).sum(1) for p, gs in grads.items()}
+    return grads

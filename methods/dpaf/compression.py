@@ -50,8 +50,12 @@ def top_fraction_mask(flat: Tensor, keep: float) -> Tensor:
     if drop <= 0 or n == 0:
         return torch.ones_like(flat, dtype=torch.bool)
     mag = flat.abs()
-    threshold = mag.kthvalue(drop, dim=1, keepdim=True).values
-    return mag > threshold
+    return mag > _nth_smallest(mag, drop)
+
+
+def _nth_smallest(mag: Tensor, drop: int) -> Tensor:
+    """The drop-th smallest value of each row, (n, 1) (= ``kthvalue``'s, ~1.5× faster on the CPU)."""
+    return mag.topk(drop, dim=1, largest=False, sorted=False).values.amax(1, keepdim=True)
 
 
 @dataclass
@@ -92,9 +96,7 @@ class GradientCompression:
         def compress(rows: Tensor) -> Tensor:
             mag = rows.abs()
             sample = mag if pos is None else mag.index_select(1, pos)
-            # the drop-th smallest magnitude of each row (= kthvalue's, ~1.5× faster on the CPU)
-            thr = sample.topk(drop, dim=1, largest=False, sorted=False).values.amax(1, keepdim=True)
-            return rows.masked_fill_(mag <= thr, 0.0)  # values ≤ thr are dropped
+            return rows.masked_fill_(mag <= _nth_smallest(sample, drop), 0.0)  # values ≤ it are dropped
 
         return compress
 
