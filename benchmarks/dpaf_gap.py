@@ -7,7 +7,9 @@ AUC with which
 - D̂ (the same head on *one example's features*, what G's step reads in the paper)
   separates 1,000 real training images from 1,000 generated ones,
 
-plus the mean logits, the feature norms of one example and of a batch mean, and the
+how alike the image gradients of G's loss are at different real images of one class
+(``gradient_alignment``: the discriminator's direction field; runs of ``gan`` / ``dpgan`` get this and the spread only, for
+comparison), plus the mean logits, the feature norms of one example and of a batch mean, and the
 within-class spread of the samples against the real images' (``within_class_std``: per
 class, the pixel-wise standard deviation over that class's images, averaged over pixels
 and classes; a generator that draws one image per class whatever z scores ≈ 0).
@@ -37,6 +39,28 @@ def within_class_std(images: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean([x[labels == c].std(axis=0).mean() for c in np.unique(labels)]))
 
 
+def gradient_alignment(score, images: torch.Tensor, labels: torch.Tensor, n: int = 64, seed: int = 0) -> float:
+    """Mean over classes of the mean pairwise cosine between the image gradients of G's loss
+    −log σ(score(x, y)) at n images x of that class. At *real* images it measures the
+    discriminator's direction field itself: near 1, it pushes every image of a class the
+    same way, so a generator it trains has no reason to keep z apart (it collapses to one
+    image per class); a working D gives different images different directions."""
+    g = torch.Generator().manual_seed(seed)
+    cos = []
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)[:n]]
+        x, y = images[idx].clone(), labels[idx]
+        with torch.enable_grad():
+            x.requires_grad_(True)
+            (gx,) = torch.autograd.grad(torch.nn.functional.softplus(-score(x, y).flatten()).sum(), x)
+        u = torch.nn.functional.normalize(gx.flatten(1), dim=1)
+        sim = u @ u.T
+        k = len(idx)
+        cos.append(((sim.sum() - sim.diagonal().sum()) / (k * (k - 1))).item())
+    return float(np.mean(cos))
+
+
 def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
     y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
     return float(roc_auc_score(y, np.r_[pos.numpy(), neg.numpy()]))
@@ -52,6 +76,13 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
     m = cls(cls.Hparams(**cfg.hparams), DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))
     m.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
     s = np.load(run_dir / "samples.npz")
+    if cfg.method != "dpaf":  # a GAN of dpgen_bench.nets.dcgan (gan, dpgan): its D and G only
+        m.D.eval(), m.G.eval()
+        return {"run": run_dir.name, "method": cfg.method, "noise_off": bool(cfg.noise_off), "seed": cfg.seed,
+                "D_gradient_alignment_real": round(gradient_alignment(m.D, data.train.images, data.train.labels), 3),
+                "within_class_std_real_fake": [
+                    round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),
+                    round(within_class_std(s["images"], s["labels"]), 3)]}
     # a seeded random n of each: mnist-5k's splits are sorted by class, so a prefix of its
     # training split would be three classes only (fixed 2026-11-26; digits is shuffled)
     rng = np.random.default_rng(0)
@@ -78,6 +109,10 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
             "Dhat_logit_std": round(torch.cat([single_r, single_f]).std().item(), 3),
             "feature_norm_one_example": round(fr.norm(dim=1).mean().item(), 2),
             "feature_norm_batch_mean": round(fr[:b].mean(0).norm().item(), 2),
+            # the direction field G's step reads (D̂ per example), at real images of each class
+            "D_gradient_alignment_real": round(gradient_alignment(
+                lambda x, y: m.head(m._features(x, y)), m._resize(data.train.images, m.train_shape[1]),
+                data.train.labels), 3),
             # both whole sets: the real training split and every sample
             "within_class_std_real_fake": [
                 round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),

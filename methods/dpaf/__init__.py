@@ -32,7 +32,8 @@ Implemented (arXiv section numbers; OpenReview numbers in brackets):
   layer configurations C2-C1-× / C2-C2-C1 / C3-C1-× (Tables 8, 9, 14; App. A.10), two FC*
   layers, budget split notations (x1, ×, x3) and (x1%, x2%, x3%), canonical (0.1, ×, 0.1).
 - App. A.5 "Choice of cGAN" / §5.3: conditional DCGAN; G is the reverse of D with the
-  label embedding joining at its second layer — ``nets.py``.
+  label (one-hot, through its own transposed convolution) joining at its second layer —
+  ``nets.py``.
 
 Privacy modes (``privacy_mode``). The paper's privacy argument has three gaps that make
 a literal implementation's ε (as the paper accounts it, Theorem 5) not a valid (ε, δ)-DP
@@ -107,7 +108,8 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   the ones whose aggregate D just saw; fake labels are uniform over the classes.
 - Architecture details the paper leaves open: kernel 4 / stride 2 / padding 1 (kernel 3
   on odd sizes), channels d·2^l with d = 64 in ``paper`` presets, LeakyReLU(0.2) in D/C,
-  BatchNorm + ReLU in G (DCGAN), N(0, 0.02) initialisation, FC* hidden width 128, native
+  LeakyReLU(0.2) and no BatchNorm in G (the cDCGAN G of Private GANs' code; DCGAN's
+  BatchNorm + ReLU G collapses here, see below), N(0, 0.02) initialisation, FC* hidden width 128, native
   image sizes (MNIST 28, CelebA 64, FFHQ 128; ``image_size`` resizes if asked).
 - Optimisers: the paper writes "SGD"/"DPSGD" without rates; we use Adam(β = (0.5, 0.999))
   — DP-Adam for the private parts — lr 2e-4 (GAN parts) and 1e-3 (C); clipping norm
@@ -123,41 +125,42 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   widths and steps and run fit with one intra-op thread (``torch_threads``); see
   ``core.py``.
 
-Why DPAF without noise stays far below a GAN of its size (issue 29). On digits, the quick
-preset with ``--noise-off`` (the same pipeline, every σ = 0) reaches 0.34 ± 0.10 gen2real
-CNN (test split, seeds 0–2: 0.41, 0.38, 0.23) where the non-private ``gan`` of the same size
-reaches 0.81. The cause is the aggregation itself, not noise: D's head (conv3*/FC*) is
-trained on one mean of B = 24 examples' SIN features per side and batch, so the game D
-plays is matching the batch mean of conv2*'s features. At the end of every noise-off run D
-cannot tell 200 real batch means from 200 generated ones (AUC 0.47–0.52,
-``benchmarks/dpaf_gap.py``) while the samples are poor: a first moment of these features
-does not pin down single images. The head is never trained on one example, so D̂'s
-per-example logits, which G's step reads (Algorithm 1 line 16), are nearly constant (mean
-≈ 0, std ≈ 0.1; AUC 0.44–0.45 between single real and generated images): G gets little
-per-sample signal. Two ablations (noise off, test split, 3 seeds) locate it: G's loss on D
-at the fakes' *aggregate* instead of per example (``g_loss=aggregate``, ours, no privacy
-cost) gives 0.43 ± 0.01, and updating conv2* every batch (μ = 1 instead of 8) 0.47 ± 0.03:
-the features whose mean D compares, trained only every μ-th batch, are the bottleneck, and
-per-example D̂ adds variance, not signal. Both are properties of the paper's design that this
-implementation reproduces; the presets keep the paper's μ = 8 and D̂ (runs in
-benchmarks/presets.md). On mnist-5k (28×28, validation part, seed 0, noise off) the same
-pattern: the quick preset 0.18, with ``mu=1 g_loss=aggregate`` 0.42, and with D's width 16
-and 𝔹 = 2,000 as well 0.49, against 0.65 for the non-private ``gan`` (width 32, T = 1,000).
+Why DPAF without noise stays below a GAN of its size (issue 29; the runs behind every number
+are in benchmarks/presets.md, "DPAF's collapse, located"). Every no-noise run of this
+pipeline drew **one image per class whatever z** (the pixel-wise spread within a class,
+``benchmarks/dpaf_gap.py``: 0.02-0.04 against the real images' 0.31 on mnist-5k and 0.25 on
+digits; the non-private ``gan`` keeps 0.25 / 0.15). Two causes, found by training DPAF's own
+networks as a plain non-private conditional GAN and switching one element of DPAF at a time
+(``benchmarks/dpaf_collapse.py``, mnist-5k, 3 seeds each):
 
-What the samples show (2026-11-26,
-benchmarks/presets.md "compute or noise?"): every no-noise run draws **one image per class
-whatever z** -- the pixel-wise spread within a class is 0.04 against the real images' 0.25
-on digits and 0.016-0.04 against 0.31 on mnist-5k, where the non-private ``gan`` keeps 0.15
-(digits) / 0.25 (mnist-5k) and GS-WGAN's pipeline without noise 0.22. A batch mean cannot
-show such a collapse (a G that draws, per class, one image at the class's mean feature
-matches a real batch's mean up to a variance the mean shrinks by 1/B), but the batch mean
-is not the whole cause: on digits the collapse survives every ablation tried -- B = 4 and
-B = 1 (0.058, 0.070), μ = 1 (0.043, accuracy 0.54), ``g_loss=aggregate`` (0.050), five
-head updates per G step (``n_critic=5``: 0.051, accuracy 0.57), a random frozen conv1
-instead of C's (``classifier_batches=0``: 0.044), SIN's scaling switched off
-(``sin_eps=1e4``: 0.021). What every variant keeps is D's head learning from one real and
-one fake input per step (a GAN's D from 2B) and G learning only through
-that head; the cause is not pinned down further.
+1. **Our generator (fixed 2026-11-26).** The paper leaves G open ("cDCGAN", the reverse of
+   D); this class used DCGAN's textbook G (BatchNorm + ReLU, a learned label embedding).
+   That G ignores z even against a per-example D that learns: spread 0.028 / 0.034 / 0.024,
+   against 0.261 / 0.276 / 0.272 for the cDCGAN G of ``dpgen_bench.nets.dcgan`` (LeakyReLU,
+   no BatchNorm, one-hot labels through their own transposed convolution), which is now
+   ``nets.Generator``'s default (``g_activation=relu g_batchnorm=true g_label=embedding``
+   gives the old one). In the pipeline it lifts the no-noise quick preset on mnist-5k from
+   0.233 ± 0.037 to 0.367 ± 0.091 gen2real CNN (test split, 3 seeds), and with ``mu=1`` and
+   learning rates 1e-3 to 0.495 ± 0.051 (the old G: 0.26 on the validation part).
+2. **The method's phase-2 discriminator.** With the fixed G, the pipeline's samples are still
+   one per class (spread 0.015-0.07): phase 2 trains only conv2* and the head, on top of the
+   frozen, transferred conv1, and the head sees one aggregate per side and step. In the
+   plain GAN each of those alone is survivable (head on the batch mean, conv1 trained:
+   spread 0.012 / 0.237 / 0.232; conv1 frozen, D per example: 0.060 / 0.180 / 0.076), and
+   together they collapse G in every seed (0.018 / 0.043 / 0.022; with width 32 0.068 /
+   0.088 / 0.010, with 3× the steps 0.051 / 0.008): D's loss stays at ln 4 (chance), and a
+   discriminator at chance hands every sample of a class nearly the same image gradient,
+   so nothing keeps G's samples apart. At the end of the pipeline's runs D tells neither
+   real batch means from generated ones (AUC 0.45-0.55) nor single images (D̂, AUC
+   0.46-0.57). This is the design the paper describes (frozen conv1 by transfer, D's head
+   on DPAGG's aggregate, G through D̂), reproduced as written; the paper's MNIST result
+   (0.748 at ε = 10, Table 1) used d = 64 and far more batches than a CPU preset can, so
+   at its scale D may learn where ours does not: not checked.
+
+Earlier ablations of the pipeline (with the old G, before these causes were found; noise
+off, digits, val): μ = 1 and ``g_loss=aggregate`` (G's loss on D at the fakes' aggregate,
+ours, no privacy cost) each raised the accuracy (0.54 / 0.35 vs 0.37) but not the spread;
+five head updates per G step, B = 1 or 4, a random conv1 or no SIN scaling did not help.
 
 On digits the ``quick`` preset departs from the canonical split (see its comment and
 benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves

@@ -45,7 +45,12 @@ class DPAFHparams:
     latent_dim: int = 100  # z, §6.1
     label_dim: int = 16  # size of the label embeddings of D and G (ours)
     fc_width: int = 128  # hidden units of the first of the two FC* layers (ours)
-    g_batchnorm: bool = True  # DCGAN's BatchNorm in G (G is not private)
+    # G"s hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
+    # Private GANs" code; relu + batchnorm (+ embedding) is DCGAN"s textbook G, which collapses to one
+    # image per class here (issue 29, the package docstring)
+    g_batchnorm: bool = False
+    g_activation: Literal["leaky_relu", "relu"] = "leaky_relu"
+    g_label: Literal["onehot", "embedding"] = "onehot"
     image_size: int | None = None  # train at this size (resize inside fit), sample back; None: native
     # Training schedule (Algorithm 1).
     batch_size: int = 64  # expected Poisson batch B (§6.1: 24 MNIST/FMNIST, 64 CelebA/FFHQ)
@@ -183,7 +188,8 @@ class DPAF(Method):
         self.conv1 = Conv1(L)
         self.conv2 = Conv2Star(L, k, h.label_dim)
         self.head = Head(L, h.fc_width, 1)
-        self.G = Generator(L, k, h.g_width, h.latent_dim, h.label_dim, h.g_batchnorm)
+        self.G = Generator(L, k, h.g_width, h.latent_dim, h.label_dim, h.g_batchnorm, h.g_activation,
+                           h.g_label)
         for m in (self.conv1, self.conv2, self.head, self.G):
             dcgan_init(m)
 

@@ -20,11 +20,14 @@ N(0, 0.02) (DCGAN; the std the paper uses for random conv1 in §6.2.4).
   the input layer" (cDCGAN); with C2/C3 conv1 that layer lies inside the transferred
   conv1, which C trains without labels (see the package docstring), so the label moves
   to the first layer D trains.
-- Generator G: the reverse of D (App. A.5, §5.2.2): z (dimension 100) and the label
-  embedding are each mapped by a transposed convolution onto the smallest feature map
-  of D and concatenated there, at the input of G's second layer (cDCGAN); then one
-  transposed convolution per convolution of D, mirroring its sizes, with BatchNorm +
-  ReLU (DCGAN; G is not private) and tanh at the output.
+- Generator G: the reverse of D (App. A.5, §5.2.2): z (dimension 100) and the one-hot
+  label are each mapped by a transposed convolution onto the smallest feature map of D
+  and concatenated there, at the input of G's second layer (cDCGAN); then one transposed
+  convolution per convolution of D, mirroring its sizes, LeakyReLU(0.2) between them and
+  tanh at the output, no BatchNorm: the conditional DCGAN of ``dpgen_bench.nets.dcgan``
+  (Private GANs' code). DCGAN's textbook ReLU + BatchNorm G (``g_activation=relu
+  g_batchnorm=true``, with ``g_label=embedding`` this class until 2026-11-26) is kept for
+  comparison: it ignores z and draws one image per class (issue 29; the package docstring).
 """
 
 from __future__ import annotations
@@ -201,19 +204,34 @@ class Classifier(nn.Module):
 
 
 class Generator(nn.Module):
+    """G: the reverse of D (see the module docstring). ``label``: how the class enters, a
+    one-hot map through its own transposed convolution (cDCGAN, as Private GANs' code
+    does) or a learned ``nn.Embedding`` of ``label_dim``; ``activation``: LeakyReLU(0.2)
+    or ReLU after every hidden layer; ``batchnorm``: DCGAN's BatchNorm before it.
+
+    The defaults (one-hot, LeakyReLU, no BatchNorm) are those of ``dpgen_bench.nets.dcgan``:
+    with ReLU + BatchNorm (DCGAN's textbook G, this class's design until 2026-11-26) G learns
+    to ignore z and draws one image per class (issue 29; the methods/dpaf docstring)."""
+
     def __init__(self, layout: Layout, num_classes: int, width: int, latent_dim: int, label_dim: int,
-                 batchnorm: bool = True):
+                 batchnorm: bool = False, activation: str = "leaky_relu", label: str = "onehot"):
         super().__init__()
+        if activation not in ("leaky_relu", "relu"):
+            raise ValueError(f"unknown activation {activation!r} (leaky_relu or relu)")
+        if label not in ("onehot", "embedding"):
+            raise ValueError(f"unknown label input {label!r} (onehot or embedding)")
         n = layout.n_layers
         sizes, kernels = layout.sizes, layout.kernels
         top = width * 2 ** (n - 1)  # channels of each branch at the smallest map
         s_top = sizes[-1]
-        self.latent_dim = latent_dim
-        self.embed = nn.Embedding(num_classes, label_dim)
+        self.latent_dim, self.num_classes, self.label = latent_dim, num_classes, label
+        if label == "embedding":
+            self.embed = nn.Embedding(num_classes, label_dim)
         self.proj_z = nn.ConvTranspose2d(latent_dim, top, s_top, 1, 0)
-        self.proj_y = nn.ConvTranspose2d(label_dim, top, s_top, 1, 0)
+        self.proj_y = nn.ConvTranspose2d(num_classes if label == "onehot" else label_dim, top, s_top, 1, 0)
         norm = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
-        self.norm_z, self.norm_y = norm(top), norm(top)
+        act = (lambda: nn.LeakyReLU(0.2)) if activation == "leaky_relu" else nn.ReLU
+        self.norm_z, self.norm_y, self.act = norm(top), norm(top), act()
         body: list[nn.Module] = []
         c_in = 2 * top
         for i in reversed(range(n)):  # mirror of D's i-th convolution: sizes[i+1] → sizes[i]
@@ -221,13 +239,14 @@ class Generator(nn.Module):
             c_out = layout.image_channels if last else width * 2 ** (i - 1)
             body.append(nn.ConvTranspose2d(c_in, c_out, kernels[i], 2, 1))
             if not last:
-                body += [norm(c_out), nn.ReLU()]
+                body += [norm(c_out), act()]
             c_in = c_out
         self.body = nn.Sequential(*body)
 
     def forward(self, z, y):
-        hz = F.relu(self.norm_z(self.proj_z(z[:, :, None, None])))
-        hy = F.relu(self.norm_y(self.proj_y(self.embed(y)[:, :, None, None])))
+        e = F.one_hot(y, self.num_classes).to(z.dtype) if self.label == "onehot" else self.embed(y).to(z.dtype)
+        hz = self.act(self.norm_z(self.proj_z(z[:, :, None, None])))
+        hy = self.act(self.norm_y(self.proj_y(e[:, :, None, None])))
         return torch.tanh(self.body(torch.cat([hz, hy], 1)))
 
 

@@ -556,3 +556,34 @@ def test_gradient_compression_reaches_every_dpsgd_step_of_both_phases(mode, monk
         assert first and set(first) == {first[0]} and first[0] > d1, sizes
         assert sizes[len(first):] == [d2] * (len(sizes) - len(first)) and len(sizes) - len(first) >= 2, sizes
         assert len(first) <= ctx.ledger.taken["conv1"] and all(n > 0 for n, _ in calls)
+
+
+def test_the_generator_is_the_cdcgan_one_by_default_and_the_old_one_on_request():
+    """G's hidden layers (issue 29): LeakyReLU, no BatchNorm, one-hot labels by default (the
+    textbook BatchNorm + ReLU + embedding G ignores z here: benchmarks/presets.md); the old
+    one stays reachable, and unknown choices are refused."""
+    from torch import nn
+
+    from methods.dpaf.nets import Generator
+
+    L = make_layout((1, 28, 28), "C2-C1-×", 4)
+    new = Generator(L, 10, 4, 8, 6)
+    kinds = {type(m) for m in new.modules()}
+    assert nn.LeakyReLU in kinds and nn.BatchNorm2d not in kinds and nn.ReLU not in kinds and nn.Embedding not in kinds
+    assert new.proj_y.in_channels == 10  # the one-hot label
+    old = Generator(L, 10, 4, 8, 6, batchnorm=True, activation="relu", label="embedding")
+    kinds = {type(m) for m in old.modules()}
+    assert {nn.ReLU, nn.BatchNorm2d, nn.Embedding} <= kinds and nn.LeakyReLU not in kinds
+    assert old.proj_y.in_channels == 6
+    z, y = torch.randn(5, 8), torch.arange(5)
+    for G in (new, old):
+        assert G(z, y).shape == (5, 1, 28, 28)
+    # the label changes the image and so does z (one class, two latents)
+    x = new(torch.randn(2, 8), torch.tensor([3, 3]))
+    assert (x[0] - x[1]).abs().max() > 0
+    with pytest.raises(ValueError, match="activation"):
+        Generator(L, 10, 4, 8, 6, activation="gelu")
+    with pytest.raises(ValueError, match="label"):
+        Generator(L, 10, 4, 8, 6, label="text")
+    m, _ = _fit(eps=5.0, g_activation="relu", g_batchnorm=True, g_label="embedding")  # the old G trains
+    assert isinstance(m.G.embed, nn.Embedding)

@@ -41,3 +41,32 @@ def test_the_script_reads_a_noise_off_run(tmp_path):
     assert 0 <= row["D_batch_mean_auc"] <= 1 and 0 <= row["Dhat_single_auc"] <= 1
     real, fake = row["within_class_std_real_fake"]
     assert 0.1 < real < 1 and 0 <= fake < 1  # digits' real spread is ≈ 0.25
+    assert -1 <= row["D_gradient_alignment_real"] <= 1
+
+
+def test_the_direction_field_measure_is_one_for_a_linear_critic_and_lower_for_a_curved_one():
+    from dpaf_gap import gradient_alignment
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(60, 1, 4, 4, generator=g) * 2 - 1
+    labels = torch.arange(60) % 3
+    w = torch.randn(1, 1, 4, 4, generator=g)
+    linear = lambda x, y: (x * w).flatten(1).sum(1)  # noqa: E731  the same gradient everywhere
+    assert gradient_alignment(linear, images, labels, n=20) == pytest.approx(1.0, abs=1e-5)
+    centre = torch.zeros(1, 1, 4, 4)
+    curved = lambda x, y: -((x - centre) ** 2).flatten(1).sum(1)  # noqa: E731  gradients point at the centre
+    assert gradient_alignment(curved, images, labels, n=20) < 0.5
+
+
+def test_the_collapse_script_runs_its_switches(tmp_path):
+    """``benchmarks/dpaf_collapse.py``: DPAF's networks as a plain GAN, a few steps, both G's
+    and both of D's inputs; one JSON line per seed with the spread measure."""
+    for extra in ([], ["--agg", "--freeze-conv1", "--g-activation", "relu", "--g-batchnorm", "--g-label", "embedding"]):
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dpaf_collapse.py"), "--dataset", "digits",
+                              "--steps", "3", "--seeds", "0,1", "--width", "4", "--g-width", "4", *extra],
+                             capture_output=True, text=True, check=True, timeout=300).stdout.splitlines()
+        rows = [json.loads(line) for line in out]
+        assert [r["seed"] for r in rows] == [0, 1]
+        assert all(0 <= r["within_class_std"] < 1 and 0.1 < r["within_class_std_real"] < 1 for r in rows)
+        assert rows[0]["agg"] == ("--agg" in extra) and rows[0]["g_batchnorm"] == ("--g-batchnorm" in extra)
