@@ -45,8 +45,8 @@ class DPAFHparams:
     latent_dim: int = 100  # z, §6.1
     label_dim: int = 16  # size of the label embeddings of D and G (ours)
     fc_width: int = 128  # hidden units of the first of the two FC* layers (ours)
-    # G"s hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
-    # Private GANs" code; relu + batchnorm (+ embedding) is DCGAN"s textbook G, which collapses to one
+    # G's hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
+    # Private GANs' code; relu + batchnorm (+ embedding) is DCGAN's textbook G, which collapses to one
     # image per class here (issue 29, the package docstring)
     g_batchnorm: bool = False
     g_activation: Literal["leaky_relu", "relu"] = "leaky_relu"
