@@ -309,3 +309,51 @@ def test_fmt_eps():
 
     assert fmt_eps(float("nan")) == "n/a" and fmt_eps(float("inf")) == "∞"
     assert fmt_eps(1.23456) == "1.23" and fmt_eps(0.998, ".2f") == "1.00"
+
+
+# ------------------------------------------------------- steps_and_noise (make mutate)
+
+
+def test_steps_and_noise_with_a_fixed_noise_gives_whole_method_steps_within_the_target():
+    """A method that fixes σ gets as many whole method steps as the target allows when each
+    step is ``per`` mechanisms: T·per compositions fit, (T + 1)·per do not. (``/`` for ``//``
+    survived make mutate: a fractional T.)"""
+    from dpgen_bench.privacy.accounting import steps_and_noise
+
+    kw = dict(method="m", epsilon=2.0, delta=1e-5, sample_rate=0.02, noise_multiplier=1.3)
+    budget_steps = steps_for_budget(epsilon=2.0, delta=1e-5, sample_rate=0.02, noise_multiplier=1.3)
+    for per in (1, 3, 7):
+        sigma, t = steps_and_noise(steps=None, compositions_per_step=per, **kw)
+        assert sigma == 1.3 and isinstance(t, int) and t == budget_steps // per
+        assert compose_rdp([PrivacyPart("p", 1.3, 0.02, t * per)], 1e-5) <= 2.0
+        assert compose_rdp([PrivacyPart("p", 1.3, 0.02, (t + 1) * per)], 1e-5) > 2.0
+    assert steps_and_noise(steps=None, cap=5, **kw) == (1.3, 5)
+    assert steps_and_noise(steps=40, **kw) == (1.3, 40)  # both set: the ledger judges the pair
+
+
+def test_steps_and_noise_refuses_a_noise_that_allows_no_step_and_accepts_one_that_allows_one():
+    from dpgen_bench.privacy.accounting import steps_and_noise
+
+    kw = dict(method="m", epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=None)
+    with pytest.raises(UserError, match=r"noise multiplier 0.5 allows no step at ε=1.0; raise the noise"):
+        steps_and_noise(noise_multiplier=0.5, **kw)
+    # the σ of exactly one full-batch step at ε = 1 (a hair above, for the float)
+    one = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=1) * 1.001
+    sigma, t = steps_and_noise(noise_multiplier=one, **kw)
+    assert t >= 1 and compose_rdp([PrivacyPart("p", one, 1.0, t)], 1e-5) <= 1.0
+    with pytest.raises(UserError, match="needs either steps or noise_multiplier"):
+        steps_and_noise(noise_multiplier=None, **kw)
+
+
+def test_prv_is_not_reported_when_a_part_that_ran_samples_without_replacement():
+    """prv-accountant has no sampling without replacement: a WOR part that took a step, even
+    one, makes the PRV ε n/a (NaN); a WOR part that took none does not count. (``> 1`` and
+    ``>= 0`` for ``> 0`` survived make mutate.)"""
+    from dpgen_bench.privacy.accounting import WOR, WOR_GAUSSIAN
+
+    poisson = PrivacyPart("d", 1.0, 0.01, 200)
+    alone = compose_prv([poisson], 1e-5)
+    assert 0 < alone < compose_rdp([poisson], 1e-5)
+    for mech in (WOR, WOR_GAUSSIAN):
+        assert math.isnan(compose_prv([poisson, PrivacyPart("w", 1.0, 0.01, 1, mechanism=mech)], 1e-5))
+        assert compose_prv([poisson, PrivacyPart("w", 1.0, 0.01, 0, mechanism=mech)], 1e-5) == pytest.approx(alone)
