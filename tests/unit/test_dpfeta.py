@@ -128,7 +128,8 @@ def test_calibrate_beside_leaves_dp_sgd_exactly_the_rest():
     alone = calibrate_noise(epsilon=1.0, delta=1e-5, sample_rate=0.05, steps=500)
     assert sigma > alone  # the central images cost something
     assert calibrate_beside([], epsilon=1.0, delta=1e-5, sample_rate=0.05, steps=500) == alone
-    with pytest.raises(BudgetTooLow):  # the fixed part alone is over the target
+    with pytest.raises(BudgetTooLow, match=r"the fixed parts \(central\) leave no room for 5 steps at sample rate "
+                       r"0.05 within ε = 1 at δ=1e-05"):  # the fixed part alone is over the target (the user's line)
         calibrate_beside([PrivacyPart("central", 0.5, 1.0, 5)], epsilon=1.0, delta=1e-5, sample_rate=0.05, steps=5)
 
 
