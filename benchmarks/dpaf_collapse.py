@@ -16,8 +16,8 @@ layers (``nets.Generator``): the defaults are the cDCGAN G, ``--g-activation rel
     .venv/bin/python benchmarks/dpaf_collapse.py --dataset mnist-5k --agg --seeds 1,2,3
 
 One JSON line per seed on stdout (the settings, ``within_class_std`` of 100 samples per
-class drawn in eval mode, the last step's losses); the validation part of the training
-split (``--eval-split val``), so nothing here reads the test split.
+class drawn in eval mode, the last step's losses). It trains on the training split minus
+the validation part (``load_dataset(..., "val")``) and reads no test split.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from methods.dpaf.dpagg import sin  # noqa: E402
 from methods.dpaf.nets import Conv1, Conv2Star, Generator, Head, dcgan_init, make_layout  # noqa: E402
 
 
-def run(a: argparse.Namespace, seed: int) -> dict:
+def run(a: argparse.Namespace, data, seed: int) -> dict:
     torch.manual_seed(seed)
-    data = load_dataset(a.dataset, "val")
     x_all, y_all = data.train.images, data.train.labels
     k = data.num_classes
     layout = make_layout(tuple(x_all.shape[1:]), "C2-C1-×", a.width)
@@ -105,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--g-label", default="onehot", choices=("onehot", "embedding"))
     a = p.parse_args(argv)
     torch.set_num_threads(1)
+    data = load_dataset(a.dataset, "val")  # once for every seed
     for s in a.seeds.split(","):
-        print(json.dumps(run(a, int(s))), flush=True)
+        print(json.dumps(run(a, data, int(s))), flush=True)
     return 0
 
 

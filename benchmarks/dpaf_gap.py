@@ -8,9 +8,9 @@ AUC with which
   separates 1,000 real training images from 1,000 generated ones,
 
 how alike the image gradients of G's loss are at different real images of one class
-(``gradient_alignment``: the discriminator's direction field; runs of ``gan`` / ``dpgan`` get this and the spread only, for
-comparison), plus the mean logits, the feature norms of one example and of a batch mean, and the
-within-class spread of the samples against the real images' (``within_class_std``: per
+(``gradient_alignment``: the discriminator's direction field; runs of ``gan`` / ``dpgan``
+get this and the spread only, for comparison), plus the mean logits, the feature norms of
+one example and of a batch mean, and the within-class spread of the samples against the real images' (``within_class_std``: per
 class, the pixel-wise standard deviation over that class's images, averaged over pixels
 and classes; a generator that draws one image per class whatever z scores ≈ 0).
 
@@ -61,6 +61,12 @@ def gradient_alignment(score, images: torch.Tensor, labels: torch.Tensor, n: int
     return float(np.mean(cos))
 
 
+def _spreads(data, samples) -> list[float]:
+    """Within-class spread of the whole real training split and of every sample."""
+    return [round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),
+            round(within_class_std(samples["images"], samples["labels"]), 3)]
+
+
 def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
     y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
     return float(roc_auc_score(y, np.r_[pos.numpy(), neg.numpy()]))
@@ -77,12 +83,10 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
     m.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
     s = np.load(run_dir / "samples.npz")
     if cfg.method != "dpaf":  # a GAN of dpgen_bench.nets.dcgan (gan, dpgan): its D and G only
-        m.D.eval(), m.G.eval()
+        m.D.eval()
         return {"run": run_dir.name, "method": cfg.method, "noise_off": bool(cfg.noise_off), "seed": cfg.seed,
                 "D_gradient_alignment_real": round(gradient_alignment(m.D, data.train.images, data.train.labels), 3),
-                "within_class_std_real_fake": [
-                    round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),
-                    round(within_class_std(s["images"], s["labels"]), 3)]}
+                "within_class_std_real_fake": _spreads(data, s)}
     # a seeded random n of each: mnist-5k's splits are sorted by class, so a prefix of its
     # training split would be three classes only (fixed 2026-11-26; digits is shuffled)
     rng = np.random.default_rng(0)
@@ -113,10 +117,7 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
             "D_gradient_alignment_real": round(gradient_alignment(
                 lambda x, y: m.head(m._features(x, y)), m._resize(data.train.images, m.train_shape[1]),
                 data.train.labels), 3),
-            # both whole sets: the real training split and every sample
-            "within_class_std_real_fake": [
-                round(within_class_std(data.train.images.numpy(), data.train.labels.numpy()), 3),
-                round(within_class_std(s["images"], s["labels"]), 3)]}
+            "within_class_std_real_fake": _spreads(data, s)}
 
 
 def main(argv: list[str]) -> int:
