@@ -329,6 +329,30 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
     return "\n".join(lines)
 
 
+def replace_sections(previous: str, fresh: str, dataset: str, claims: list[dict]) -> str:
+    """``previous`` (a dataset's block as it stands) with the sections of ``claims`` taken
+    from ``fresh`` (a block rendered for those claims only) and its date line noting them;
+    every other claim's section and the block's "where the runs ran" line stay as they
+    were (``--only``: a few claims re-run without the records of the rest). A claim that
+    ``previous`` lacks is added before the date line."""
+    out = previous
+    for claim in claims:
+        new = find_section(fresh, claim["id"], dataset)
+        if new is None:
+            continue
+        old = find_section(out, claim["id"], dataset)
+        if old is not None:
+            out = out.replace(old[1], new[1], 1)
+        else:
+            head, sep, tail = out.rpartition("\n_Last regenerated")
+            out = f"{head}\n{new[1]}\n{sep}{tail}" if sep else f"{out}\n\n{new[1]}"
+    date = time.strftime("%Y-%m-%d")
+    ids = ", ".join(c["id"] for c in claims)
+    note = f"_Sections {ids} re-rendered {date} (`claims.py --only`); the others as last regenerated._"
+    out = re.sub(r"\n+_Sections .*? re-rendered .*?_$", "", out, flags=re.S)
+    return f"{out}\n\n{note}"
+
+
 _BLOCK = re.compile(r"^<!-- claims:dataset=([^\s>]+) -->\n(.*?)\n<!-- /claims:dataset=\1 -->$", re.S | re.M)
 _MARKER = re.compile(r"^<!-- /?claims:dataset=", re.M)
 
@@ -403,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default=None,
                     help="Comma-separated datasets to run and render [default: every dataset of the file]; "
                          "the other datasets' blocks in --out are kept as they are.")
-    ap.add_argument("--only", default=None, help="Comma-separated claim ids.")
+    ap.add_argument("--only", default=None,
+                    help="Comma-separated claim ids: run and re-render those claims' sections only; the other "
+                         "sections of each block are kept as they are.")
     args = ap.parse_args(argv)
     setup_logging(False)
     try:
@@ -444,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                 read_arm(a, root)
         for d in datasets:
             covered = [c for c in claims if (d, c["id"]) in arms]
-            blocks[d] = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
-                                     previous=blocks.get(d, ""))
+            block = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
+                                 previous=blocks.get(d, ""))
+            blocks[d] = replace_sections(blocks[d], block, d, covered) if args.only and d in blocks else block
         with store.atomic_open(args.out, "w") as f:
             f.write(render(spec, blocks))
         kept = [d for d in blocks if d not in datasets]

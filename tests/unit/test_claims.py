@@ -212,6 +212,35 @@ def test_rendering_one_dataset_keeps_the_other_block_verbatim(tmp_path):
     assert claims.split_blocks(out.read_text())["digits"] == kept
 
 
+def test_only_rerenders_its_claims_and_keeps_the_other_sections(tmp_path):
+    """``--only dpaf-ablations``: that claim's section is rendered from the records here, every
+    other section of the block (whose runs this machine may not hold) stays as it was."""
+    out, results = tmp_path / "CLAIMS.md", tmp_path / "results"
+    spec = claims.load_claims(CLAIMS_YAML)
+    abl = next(c for c in spec["claims"] if c["id"] == "dpaf-ablations")
+    arms = claims.build_arms(spec, abl, "mnist-5k")
+    mia = ('<a id="mia-mnist-5k"></a>\n## Membership inference (mnist-5k)\n\n- **Verdict: reproduced**\n\n'
+           "| arm | 3/3 | 0.915 |")
+    old_abl = ('<a id="dpaf-ablations-mnist-5k"></a>\n## DPAF (mnist-5k)\n\n- **Verdict: not testable at this scale**'
+               "\n\n| μ = 8, GC | 3/3 | 0.100 |")
+    block = f"Where the mnist-5k runs ran: 99 on 2 CPUs.\n\n{mia}\n\n{old_abl}\n\n_Last regenerated 2026-11-25._"
+    out.write_text("<!-- claims:dataset=digits -->\ndigits\n<!-- /claims:dataset=digits -->\n"
+                   f"<!-- claims:dataset=mnist-5k -->\n{block}\n<!-- /claims:dataset=mnist-5k -->\n")
+    for name, values in (("μ = 8, GC", [0.7, 0.72, 0.71]), ("μ = 1", [0.5, 0.52, 0.49]),
+                         ("μ = 4", [0.6, 0.61, 0.59]), ("no GC", [0.5, 0.51, 0.48])):
+        _records(results, arms[name], values)
+    for _ in range(2):  # a second render replaces its own note
+        assert claims.main(["--out", str(out), "--results", str(results), "--dataset", "mnist-5k",
+                            "--only", "dpaf-ablations"]) == 0
+        new = claims.split_blocks(out.read_text())["mnist-5k"]
+        assert new.startswith(f"Where the mnist-5k runs ran: 99 on 2 CPUs.\n\n{mia}\n\n")
+        assert old_abl not in new and "| μ = 8, GC | 3/3 | 9.96 / 9.1 | 0.710 ± 0.010 |" in new
+        assert "- **Verdict: reproduced**" in claims.find_section(new, "dpaf-ablations", "mnist-5k")[1]
+        assert new.count("re-rendered") == 1 and "_Sections dpaf-ablations re-rendered" in new
+        assert "_Last regenerated 2026-11-25._" in new
+        assert claims.split_blocks(out.read_text())["digits"] == "digits"
+
+
 def test_a_claim_restricted_to_one_dataset(tmp_path):
     spec = yaml.safe_load(CLAIMS_YAML.read_text())
     spec["claims"] = [c for c in spec["claims"] if c["id"] in ("ordering", "dpaf-ablations")]
