@@ -357,3 +357,36 @@ def test_prv_is_not_reported_when_a_part_that_ran_samples_without_replacement():
     for mech in (WOR, WOR_GAUSSIAN):
         assert math.isnan(compose_prv([poisson, PrivacyPart("w", 1.0, 0.01, 1, mechanism=mech)], 1e-5))
         assert compose_prv([poisson, PrivacyPart("w", 1.0, 0.01, 0, mechanism=mech)], 1e-5) == pytest.approx(alone)
+
+
+@pytest.mark.parametrize("epsilon,delta,message", [
+    (0.0, 1e-5, "epsilon must be a positive finite number, got 0.0"),
+    (-1.0, 1e-5, "epsilon must be a positive finite number, got -1.0"),
+    (math.inf, 1e-5, "epsilon must be a positive finite number, got inf"),
+    (math.nan, 1e-5, "epsilon must be a positive finite number, got nan"),
+    (1.0, 0.0, "delta must be in (0, 1), got 0.0"),
+    (1.0, 1.0, "delta must be in (0, 1), got 1.0"),
+    (1.0, -1e-5, "delta must be in (0, 1), got -1e-05"),
+])
+def test_every_calibration_refuses_an_impossible_target_in_one_line(epsilon, delta, message):
+    """calibrate_noise, calibrate_beside, steps_for_budget and steps_and_noise check the target
+    themselves (a plugin may call them without the CLI's checks): ε > 0 and finite, 0 < δ < 1."""
+    from dpgen_bench.privacy.accounting import calibrate_beside, steps_and_noise
+
+    fixed = [PrivacyPart("fixed", 50.0, 1.0, 1)]
+    calls = (lambda: calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=0.01, steps=10),
+             lambda: calibrate_beside(fixed, epsilon=epsilon, delta=delta, sample_rate=0.01, steps=10),
+             lambda: steps_for_budget(epsilon=epsilon, delta=delta, sample_rate=0.01, noise_multiplier=1.0),
+             lambda: steps_and_noise(method="m", epsilon=epsilon, delta=delta, sample_rate=0.01, steps=10,
+                                     noise_multiplier=None))
+    for call in calls:
+        with pytest.raises(UserError) as e:
+            call()
+        assert str(e.value) == message
+
+
+def test_a_target_just_inside_the_bounds_is_calibrated():
+    """ε below 1 and δ near either end of (0, 1) are valid targets (the checks' boundaries)."""
+    for epsilon, delta in ((0.5, 1e-5), (2.0, 1e-300), (2.0, 0.5)):
+        sigma = calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=0.01, steps=10)
+        assert compose_rdp([PrivacyPart("p", sigma, 0.01, 10)], delta) <= epsilon
