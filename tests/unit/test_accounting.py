@@ -390,3 +390,11 @@ def test_a_target_just_inside_the_bounds_is_calibrated():
     for epsilon, delta in ((0.5, 1e-5), (2.0, 1e-300), (2.0, 0.5)):
         sigma = calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=0.01, steps=10)
         assert compose_rdp([PrivacyPart("p", sigma, 0.01, 10)], delta) <= epsilon
+
+
+def test_prv_of_parts_that_took_no_step_is_zero():
+    """A run stopped before any private step (or a plan whose parts are all 0-step) spent
+    nothing: PRV ε 0, as RDP ("return 1.0" there survived make mutate)."""
+    idle = [PrivacyPart("a", 1.0, 0.01, 0), PrivacyPart("b", 2.0, 0.1, 0)]
+    assert compose_prv(idle, 1e-5) == 0.0 and compose_prv([], 1e-5) == 0.0
+    assert compose_rdp(idle, 1e-5) == 0.0
