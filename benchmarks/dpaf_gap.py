@@ -10,9 +10,10 @@ AUC with which
 how alike the image gradients of G's loss are at different real images of one class
 (``gradient_alignment``: the discriminator's direction field; runs of ``gan`` / ``dpgan``
 get this and the spread only, for comparison), plus the mean logits, the feature norms of
-one example and of a batch mean, and the within-class spread of the samples against the real images' (``within_class_std``: per
-class, the pixel-wise standard deviation over that class's images, averaged over pixels
-and classes; a generator that draws one image per class whatever z scores ≈ 0).
+one example and of a batch mean, and the within-class spread of the samples against the
+real images' (``within_class_std``: per class, the pixel-wise standard deviation over that
+class's images, averaged over pixels and classes; a generator that draws one image per
+class whatever z scores ≈ 0).
 
     .venv/bin/python benchmarks/dpaf_gap.py RUN_DIR [RUN_DIR ...]   # one JSON line per run
 """

@@ -66,8 +66,9 @@ def _plan_json(args: list[str]) -> dict:
     ctx = cli.commands["run"].make_context("run", list(args[1:]))
     p = ctx.params
     cfg = build_config(p["method"], p["dataset"], epsilon=p["eps"], delta=p["delta"], preset=p["preset"],
-                       n_d=p["n_d"], sets=p["sets"], seed=p["seed"])
-    return runner.privacy_plan(cfg).ledger.planned_report().to_json()
+                       n_d=p["n_d"], sets=p["sets"], config_file=p["config_file"], seed=p["seed"],
+                       eval_split=p["eval_split"], members=p["members"])
+    return runner.privacy_plan(cfg, p["data_root"]).ledger.planned_report().to_json()
 
 
 def _assert_privacy_matches(got: dict, shown: dict) -> None:
