@@ -53,9 +53,11 @@ class PerExampleTransform(Protocol):
     that example's gradient alone (and on data-independent randomness), or clipping would
     no longer bound one example's contribution. ``plan(n, d, device)`` is called once per
     backward pass with its n examples of d values and returns the function that transforms
-    any subset of those rows in place (or None: the identity)."""
+    any subset of those rows in place (or None: the identity), given either as one (rows, d)
+    tensor or as a list of column blocks whose concatenation is the rows (the parameters'
+    per-example gradients side by side, not concatenated)."""
 
-    def plan(self, n: int, d: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor] | None: ...
+    def plan(self, n: int, d: int, device: torch.device) -> Callable[[torch.Tensor | list[torch.Tensor]], object] | None: ...
 
 
 def _grad_sample(p: nn.Parameter) -> torch.Tensor | None:
@@ -73,16 +75,13 @@ def transform_grad_samples(params: Iterable[nn.Parameter], transform: PerExample
     if not samples or samples[0][1].shape[0] == 0:
         return
     n = samples[0][1].shape[0]
-    rows = torch.cat([g.reshape(n, -1) for _, g in samples], 1)
-    apply = transform.plan(n, rows.shape[1], rows.device)
+    blocks = [g.reshape(n, -1) for _, g in samples]  # views where contiguous: edited in place
+    apply = transform.plan(n, sum(b.shape[1] for b in blocks), blocks[0].device)
     if apply is None:
         return
-    rows = apply(rows)
-    offset = 0
-    for p, g in samples:
-        size = g[0].numel()
-        p.grad_sample = rows[:, offset:offset + size].reshape(g.shape)
-        offset += size
+    apply(blocks)
+    for (p, g), block in zip(samples, blocks):
+        p.grad_sample = block.reshape(g.shape)
 
 
 def make_private(

@@ -50,9 +50,11 @@ gradient edited before it is clipped, ``dpsgd.PerExampleTransform``) needs every
 every example's gradient, so no norm trick applies: ``backward`` then builds the per-example
 gradients of all layers for a few examples at a time (the same per-layer products as the
 per-example rule above; ``_materialised``), transforms, clips and adds them to the sum, so
-memory stays O(chunk · |θ|) where Opacus' hooks hold all B × |θ| values (measured: the
-non-private step's memory and about half the hooks' time, benchmarks/README.md; the chunk
-size itself, 2¹⁸ to 2²⁰ values, made no difference to the time).
+memory stays O(chunk · |θ|) where Opacus' hooks hold all B × |θ| values. The chunk is
+handed to the transform as column blocks, one per parameter (never concatenated), and the
+products are written into buffers reused chunk after chunk (measured: 1.1× the
+non-private step's memory and 2× its time at DPAF's paper width, benchmarks/README.md;
+chunks of 2¹⁸ values were ~10 % slower than 2²⁰, 2²² ~35 %).
 
 Not supported (a clear error at wrap time or at backward): a layer called twice before one
 backward (tied weights), a layer output changed in place after its forward, layers with
@@ -244,18 +246,23 @@ class BookKeepingModule(nn.Module):
         device = params[0].device
         apply = self.transform.plan(n, d, device)
         step = max(1, min(n, _TRANSFORM_CHUNK_VALUES // max(1, d)))
-        total = torch.zeros(d, device=device, dtype=params[0].dtype)
+        totals = [torch.zeros(size, device=device, dtype=params[0].dtype) for size in sizes]
+        buffers = {p: torch.empty(step, p.numel(), device=device, dtype=params[0].dtype) for p in params}
         norms = []
         for i in range(0, n, step):
             j = min(n, i + step)
-            flat = torch.cat([builders[p](i, j) for p in params], 1)  # c, d
+            # the chunk's rows as column blocks, one per parameter (never concatenated: a copy
+            # of every value per step); the transform sees them as one row each
+            blocks = [builders[p](i, j, buffers[p][:j - i]) for p in params]  # each (c, numel)
             if apply is not None:
-                flat = apply(flat)
-            norm = torch.linalg.vector_norm(flat, dim=1)
+                apply(blocks)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b, dim=1) for b in blocks]), dim=0)
             norms.append(norm)
-            total.addmv_(flat.t(), (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
+            coef = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+            for total, b in zip(totals, blocks):
+                total.addmv_(b.t(), coef)
         self.per_sample_norms = torch.cat(norms)
-        for p, grad in zip(params, total.split(sizes)):
+        for p, grad in zip(params, totals):
             _accumulate(p, grad.view_as(p))
 
     def zero_contribution(self) -> None:
@@ -368,9 +375,11 @@ class BookKeepingModule(nn.Module):
 
 
 def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int) -> dict:
-    """For each trainable parameter of layer ``m``: a function (i, j) → the per-example
-    gradients of examples i … j−1, flattened (j − i, numel): Opacus' per-example gradient
-    (output gradient × input, over the example's K·T positions)."""
+    """For each trainable parameter of layer ``m``: a function (i, j, out=None) → the
+    per-example gradients of examples i … j−1, flattened (j − i, numel): Opacus' per-example
+    gradient (output gradient × input, over the example's K·T positions). ``out``: a
+    contiguous (j − i, numel) buffer the weights' products are written into (reused chunk
+    after chunk: a fresh 4 MiB tensor per chunk costs its page faults); others ignore it."""
     k, rule, out = group, _rule(m), {}
     w, b = getattr(m, "weight", None), getattr(m, "bias", None)
     if rule in ("conv2d", "linear"):
@@ -378,20 +387,28 @@ def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group:
     if rule == "conv2d":
         G = _merge_rows(g.flatten(2), k)  # n, p, K·T
         if w is not None and w.requires_grad:
-            out[w] = lambda i, j: torch.bmm(G[i:j], _unfold_examples(m, a, k, i, j).transpose(1, 2)).flatten(1)
+            out[w] = lambda i, j, out=None: _bmm(G[i:j], _unfold_examples(m, a, k, i, j).transpose(1, 2), out)
         if b is not None and b.requires_grad:
-            out[b] = lambda i, j: G[i:j].sum(2)
+            out[b] = lambda i, j, out=None: G[i:j].sum(2)
     elif rule == "linear":
         n = a.shape[0] // k
         A = a.reshape(n, -1, a.shape[-1])  # n, K·T, d
         G = g.reshape(n, -1, g.shape[-1])  # n, K·T, p
         if w is not None and w.requires_grad:
-            out[w] = lambda i, j: torch.bmm(G[i:j].transpose(1, 2), A[i:j]).flatten(1)
+            out[w] = lambda i, j, out=None: _bmm(G[i:j].transpose(1, 2), A[i:j], out)
         if b is not None and b.requires_grad:
-            out[b] = lambda i, j: G[i:j].sum(1)
+            out[b] = lambda i, j, out=None: G[i:j].sum(1)
     else:  # Opacus' rule for the whole batch (norm and embedding layers: small), sliced
         for p, gs in _opacus_per_example(m, a, g, k).items():
-            out[p] = lambda i, j, gs=gs.flatten(1): gs[i:j]
+            out[p] = lambda i, j, out=None, gs=gs.flatten(1): gs[i:j]
+    return out
+
+
+def _bmm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``bmm(x, y)`` flattened to (batch, rows·cols), into ``out`` when given."""
+    if out is None:
+        return torch.bmm(x, y).flatten(1)
+    torch.bmm(x, y, out=out.view(x.shape[0], x.shape[1], y.shape[2]))
     return out
 
 

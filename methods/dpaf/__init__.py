@@ -11,9 +11,9 @@ Implemented (arXiv section numbers; OpenReview numbers in brackets):
   conv1 by DPSGD(ε1) (per-sample gradients, Poisson sampling; ``grad_sample_mode=auto``:
   book-keeping ``bk``, which with gradient compression builds each example's gradient a
   few examples at a time to compress and clip it, and without it never builds them; the
-  same update as Opacus' hooks in both cases, at ~half the hooks' time with GC and
-  memory bounded by the chunk, benchmarks/README.md); then C is thrown
-  away except conv1, which D uses frozen (conv1* ← conv1).
+  same update as Opacus' hooks in both cases, at 2× the non-private step with GC at the
+  paper width (hooks: 4.3–4.7×) and memory bounded by the chunk, benchmarks/README.md);
+  then C is thrown away except conv1, which D uses frozen (conv1* ← conv1).
 - §5.2.2 [3.2], Algorithm 1 lines 7–17, Figure 5 [Fig. 2]: phase 2. Every batch: L_BCE on
   D with DPAGG(ε3) on the real batch and a fake batch of the same size; conv3*/FC* take a
   (non-private) gradient step; every μ-th batch conv2* takes one DPSGD(ε2) step on L'_BCE

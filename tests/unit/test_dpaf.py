@@ -273,6 +273,38 @@ def test_gc_with_a_sampled_threshold_keeps_about_90_percent():
     assert ((frac > 0.88) & (frac < 0.92)).all(), frac
 
 
+@pytest.mark.parametrize("rowwise", [True, False])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_gc_on_column_blocks_equals_gc_on_the_concatenated_rows(rowwise, sampled, monkeypatch):
+    """The compressor takes each example's gradient as one row or as column blocks (bk's
+    per-layer chunks, never concatenated), and zeroes values either row by row (hardshrink,
+    the CPU's way) or with a 0/1 mask (an accelerator's way): every combination keeps
+    exactly the values above the row's threshold, those of the exact top fraction when the
+    threshold is exact, and leaves the kept values bit for bit."""
+    from methods.dpaf import compression
+
+    monkeypatch.setattr(compression, "_rowwise", lambda device: rowwise)
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 3001, generator=g) * torch.rand(5, 1, generator=g)  # rows of different scales
+    rows[:, :40] = 0.0  # exact zeros (an absent label's embedding rows) go first
+    gc = compression.GradientCompression(0.9, torch.Generator().manual_seed(9), exact_limit=0 if sampled else 1 << 21,
+                                         sample_size=500)
+    whole = gc.plan(5, 3001, rows.device)(rows.clone())
+    gc.generator.manual_seed(9)  # the same sampled positions for the blocked call
+    blocks = [b.clone() for b in rows.split([7, 1500, 1, 1493], 1)]
+    gc.plan(5, 3001, rows.device)(blocks)
+    assert torch.equal(torch.cat(blocks, 1), whole)
+    kept = whole != 0
+    assert torch.equal(whole[kept], rows[kept])
+    for i in range(5):
+        assert rows[i][kept[i]].abs().min() > rows[i][~kept[i]].abs().max()
+    if not sampled:
+        assert torch.equal(kept, top_fraction_mask(rows, 0.9))
+    else:
+        frac = kept.sum(1) / 3001
+        assert ((frac > 0.85) & (frac < 0.95)).all(), frac
+
+
 def test_gc_switch_and_keep_one_leave_gradients_alone():
     conv2, _ = _grad_samples()
     params = list(conv2.parameters())
