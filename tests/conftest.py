@@ -96,16 +96,17 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 def _fresh_privacy_caches_under_mutation_testing():
     """Under mutmut (``make mutate``) every test of a mutant runs in a process forked from one
     that has already run the suite once: the accountant's memoised curves (``lru_cache`` in
-    privacy/accounting.py, Opacus' ``_compute_rdp``) would answer from what the *unmutated*
-    code computed, and a mutant of a cached function could never be seen (rdp_curve's mutants
-    all "survived" that way, while the tests kill them when run directly). Cleared before
-    each test there; left alone in the normal suite (the caches are what keep it fast)."""
+    privacy/accounting.py, the series' tables in privacy/rdp_orders.py) would answer from
+    what the *unmutated* code computed, and a mutant of a cached function could never be
+    seen (rdp_curve's mutants all "survived" that way, while the tests kill them when run
+    directly). Cleared before each test there; left alone in the normal suite (the caches
+    are what keep it fast)."""
     if "MUTANT_UNDER_TEST" in os.environ:
         from opacus.accountants.analysis import rdp as opacus_rdp
 
-        from dpgen_bench.privacy import accounting
+        from dpgen_bench.privacy import accounting, rdp_orders
 
-        for fn in (*vars(accounting).values(), opacus_rdp._compute_rdp):
+        for fn in (*vars(accounting).values(), *vars(rdp_orders).values(), opacus_rdp._compute_rdp):
             if callable(getattr(fn, "cache_clear", None)):
                 fn.cache_clear()
     yield

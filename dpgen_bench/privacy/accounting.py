@@ -2,8 +2,9 @@
 
 - ``subsampled_gaussian`` (``POISSON``): Poisson subsampling, add/remove neighbours
   (DPSGD). RDP (Mironov et al. 2019) through Opacus' ``RDPAccountant`` and its RDP → (ε, δ)
-  conversion: the number compared with the target, as in the papers (Private GANs §3, "by
-  default we use the former"). PRV (Gopi et al. 2021) through ``prv_accountant`` is
+  conversion (on Opacus' RDP series evaluated for all orders at once, ``rdp_orders``):
+  the number compared with the target, as in the papers (Private GANs §3, "by default we
+  use the former"). PRV (Gopi et al. 2021) through ``prv_accountant`` is
   reported beside it (the upper bound of its (lower, estimate, upper) triple).
 - ``subsampled_gaussian_wor`` (``WOR``): the mixture (1−q)·P0 + q·A versus
   (1−q)·P0 + q·A′ of sampling *without replacement* (GS-WGAN's choice of one of K
@@ -33,26 +34,28 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as _opacus_rdp
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+from opacus.accountants.analysis.rdp import get_privacy_spent
 from opacus.accountants.utils import get_noise_multiplier
 from scipy.special import gammaln, logsumexp
 
 from ..api import PrivacyPart
 from ..errors import BudgetTooLow, UserError
+from .rdp_orders import compute_rdp as _fast_compute_rdp
 
 # RDP orders: Opacus' defaults plus a denser low range, which matters for large ε.
 _ORDERS = sorted(set([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 128, 256, 512, 1024]))
 # Theorem 9 of Wang et al. holds at integer orders: compositions with a WOR part use these.
 _INT_ORDERS = np.array(list(range(2, 257)) + [320, 384, 512, 768, 1024])
 
-# Opacus' RDP of one subsampled Gaussian step at one order, ``_compute_rdp(q, σ, α)``, is a
-# pure function of three floats that every calibration calls for ~150 orders at each σ it
-# tries; a plan that calibrates many parts (DPAF's budget split: 27 calibrations, 63,648 calls
-# of which 13,728 distinct) spent 14 s there. Memoised where Opacus looks it up
-# (``compute_rdp`` reads the module global), the values are the very same floats
-# (tests/unit/test_accounting.py::test_memoised_rdp_is_opacus_own).
-if not hasattr(_opacus_rdp._compute_rdp, "cache_info"):
-    _opacus_rdp._compute_rdp = functools.lru_cache(maxsize=1 << 18)(_opacus_rdp._compute_rdp)
+# Opacus' RDP of the subsampled Gaussian at ~150 orders is a pure-Python series per order,
+# evaluated at every σ a calibration tries (DPAF's plan on mnist-5k: ~15 of its ~19 s).
+# ``rdp_orders.compute_rdp`` evaluates the same series for all orders at once in NumPy (same
+# terms and stopping rule; values within Opacus' own rounding, ~1e-9 relative where the
+# series cancels: tests/unit/test_rdp_orders.py), installed where Opacus' accountant looks
+# it up, so that its RDPAccountant, conversion and noise search run unchanged on it.
+if _opacus_rdp.compute_rdp is not _fast_compute_rdp:
+    _opacus_rdp.opacus_compute_rdp = _opacus_rdp.compute_rdp  # Opacus' own, kept for the tests
+    _opacus_rdp.compute_rdp = _fast_compute_rdp
 
 POISSON = "subsampled_gaussian"
 WOR = "subsampled_gaussian_wor"  # Theorem 9 of Wang et al. (generic): GS-WGAN's own accounting, paper mode
@@ -182,7 +185,7 @@ def rdp_wor_gaussian(sample_rate: float, noise_multiplier: float, orders, *, gau
 def rdp_curve(part: PrivacyPart, orders) -> np.ndarray:
     """RDP of ``part`` (all its steps composed) at ``orders``."""
     if part.mechanism == POISSON:
-        return np.asarray(compute_rdp(q=part.sample_rate, noise_multiplier=part.noise_multiplier,
+        return np.asarray(_fast_compute_rdp(q=part.sample_rate, noise_multiplier=part.noise_multiplier,
                                       steps=int(part.steps), orders=list(orders)), dtype=float)
     if part.mechanism in WOR_MECHANISMS:
         return int(part.steps) * rdp_wor_gaussian(part.sample_rate, part.noise_multiplier, orders,

@@ -200,21 +200,6 @@ def test_smallest_feasible_epsilon_is_feasible_and_one_percent_less_is_not():
         method.plan(Budget(smallest * 0.99, 1e-5))
 
 
-def test_memoised_rdp_is_opacus_own():
-    """The memo on Opacus' per-order RDP (dpgen_bench.privacy.accounting) returns exactly the
-    floats Opacus computes, for fractional and integer orders alike."""
-    import opacus.accountants.analysis.rdp as R
-
-    import dpgen_bench.privacy.accounting  # noqa: F401 - installs the memo
-
-    memo = R._compute_rdp
-    assert hasattr(memo, "cache_info")
-    for q, sigma in ((0.01, 1.1), (0.3, 7.5), (1.0, 2.0)):
-        for alpha in (1.5, 2, 12, 63.5, 256):
-            assert memo(q, sigma, alpha) == memo.__wrapped__(q, sigma, alpha)
-            assert memo(q, sigma, alpha) == memo.__wrapped__(q, sigma, alpha)  # a cache hit
-
-
 def test_gaussian_releases_split_one_calibrated_noise_by_share():
     """dpmean / dpmerf's budget split (found by make mutate: a share read as w·total instead
     of w/total, twice the noise, or a second step all passed every test): shares that do not
