@@ -110,3 +110,26 @@ def _fresh_privacy_caches_under_mutation_testing():
             if callable(getattr(fn, "cache_clear", None)):
                 fn.cache_clear()
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """``DPGEN_TEST_CPU=FILE``: append each test's CPU seconds (this process plus the children
+    it reaped during the test) as ``seconds<TAB>test id`` lines to FILE. Wall times
+    (``--durations``) of tests that share two cores measure the neighbours as much as the
+    test; CPU seconds are what a test costs the suite."""
+    path = os.environ.get("DPGEN_TEST_CPU")
+    if not path:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + kids.ru_utime + kids.ru_stime
+
+    start = cpu()
+    yield
+    with open(path, "a") as f:
+        f.write(f"{cpu() - start:.2f}\t{item.nodeid}\n")

@@ -54,7 +54,7 @@ def _is_training(command: str) -> bool:
 # its privacy.json example read off the run itself, are test_readme_training_run_as_written
 # (-m slow). The example's numbers are also checked against the command's plan by default
 # (test_readme_privacy_example_is_the_plan_of_its_command, no training).
-SHORTENED = {c: ["--set", "steps=600" if "--preset long" in c else "steps=300"]
+SHORTENED = {c: ["--set", "steps=200" if "--preset long" in c else "steps=100"]
              for c in tour_commands() if _is_training(c)}
 
 

@@ -1,7 +1,8 @@
 """Privacy property suite: for every registered private method × preset × dataset of that
 preset × ε × δ, the calibrated plan's composed ε (RDP) is ≤ the target and PRV ≤ RDP
-(+ tolerance; PRV is n/a for parts sampled without replacement). Calibration only, no training. The full grid is `slow`; the default suite
-runs it at ε ∈ {1, 10}, δ = 1e-5."""
+(+ tolerance; PRV is n/a for parts sampled without replacement). Calibration only, no
+training. The full grid is `slow`; the default suite runs it at ε ∈ {1, 10}, δ = 1e-5, with
+PRV at ε = 1."""
 
 import itertools
 import math
@@ -70,7 +71,9 @@ def check(method, preset, dataset, eps, delta, prv_max_steps=None, overrides=Non
 @pytest.mark.parametrize("method,preset,dataset", CASES, ids=["-".join(c) for c in CASES])
 @pytest.mark.parametrize("eps", (1, 10))
 def test_calibrated_plan_within_target(method, preset, dataset, eps):
-    check(method, preset, dataset, eps, 1e-5, prv_max_steps=20_000)  # paper-scale PRV: slow grid
+    # PRV beside RDP at ε = 1 only (≤ 20,000 steps): prv-accountant's discretisation is ~85 % of
+    # a case's time now that the RDP series is fast; the full grid (-m slow) checks it at every ε
+    check(method, preset, dataset, eps, 1e-5, prv_max_steps=20_000 if eps == 1 else 0)
 
 
 @pytest.mark.slow
