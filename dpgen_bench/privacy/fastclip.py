@@ -406,7 +406,7 @@ def _per_example_builders(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group:
 
 def _bmm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """``bmm(x, y)`` flattened to (batch, rows·cols), into ``out`` when given."""
-    if out is None:
+    if out is None or out.dtype != x.dtype or out.device != x.device:
         return torch.bmm(x, y).flatten(1)
     torch.bmm(x, y, out=out.view(x.shape[0], x.shape[1], y.shape[2]))
     return out
