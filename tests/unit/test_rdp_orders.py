@@ -39,6 +39,7 @@ def test_every_order_equals_opacus_series(q):
 def test_the_special_cases_are_opacus_own():
     """q = 0 (nothing leaks), σ = 0 (no privacy), q = 1 (the Gaussian mechanism α/2σ²), α = ∞,
     a scalar order in and out, and ``steps`` multiplying every order."""
+    import dpgen_bench.privacy.accounting  # noqa: F401 - installs ours, keeps Opacus' own beside it
     from opacus.accountants.analysis.rdp import opacus_compute_rdp
 
     from dpgen_bench.privacy.rdp_orders import compute_rdp, rdp_orders
@@ -49,6 +50,8 @@ def test_the_special_cases_are_opacus_own():
         want = _opacus(q, sigma, orders)
         _assert_matches(got, want)
     assert rdp_orders(1.0, 2.0, [3.0])[0] == 3.0 / 8.0
+    for one in ([3.0], [2.5], [700.0]):  # one order alone: one table, one block
+        _assert_matches(rdp_orders(0.3, 1.7, one), _opacus(0.3, 1.7, one))
     assert isinstance(compute_rdp(q=0.1, noise_multiplier=1.3, steps=7, orders=2.5), float)
     for order in (2.5, [1.5, 4.0, 40.0]):
         np.testing.assert_allclose(compute_rdp(q=0.1, noise_multiplier=1.3, steps=7, orders=order),
