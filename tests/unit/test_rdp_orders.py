@@ -70,6 +70,19 @@ def test_a_series_that_needs_many_terms_is_summed_to_opacus_stopping_term():
     _assert_matches(rdp_orders(0.45, 30.0, orders), _opacus(0.45, 30.0, orders))
 
 
+def test_orders_that_stop_at_different_terms_and_the_cap(monkeypatch):
+    """Two fractional orders, one stopping within the first block and one thousands of terms
+    later (each order's own rows of the term tables once the other has left), and a
+    series that does not stop within the cap: one clear error, never a truncated sum."""
+    from dpgen_bench.privacy import rdp_orders as ro
+
+    orders = [1.1, 10.5]
+    _assert_matches(ro.rdp_orders(0.016, 1.1, orders), _opacus(0.016, 1.1, orders))
+    monkeypatch.setattr(ro, "_MAX_TERMS", 64)
+    with pytest.raises(ValueError, match=r"q=0.016, σ=1.1 does not fall below e\^-30 within 64 terms"):
+        ro.rdp_orders(0.016, 1.1, orders)
+
+
 def test_opacus_accountant_and_noise_search_run_on_it_unchanged(monkeypatch):
     """accounting.py installs the vectorised series where Opacus' accountant looks it up;
     with Opacus' own series put back, its RDPAccountant gives the same ε and its noise search
