@@ -111,6 +111,29 @@ def test_opacus_accountant_and_noise_search_run_on_it_unchanged(monkeypatch):
     assert ours[1] == pytest.approx(theirs[1], rel=1e-9)
 
 
+def test_signed_sums_carry_across_blocks_whose_maximum_grows():
+    """The running sum rescales what it holds when a later block has larger terms (the
+    series' terms peak early, so no RDP test reaches this): the same value as one
+    log-sum-exp over all terms, for rows that join late or leave early."""
+    from dpgen_bench.privacy.rdp_orders import _SignedSum
+
+    g = np.random.default_rng(0)
+    blocks = [g.normal(-5, 2, (3, 8)), g.normal(3, 2, (3, 8)), g.normal(-40, 1, (3, 8))]
+    signs = [np.where(g.random((3, 8)) < 0.2, -1.0, 1.0) for _ in blocks]
+    signs[1][:] = 1.0  # the largest terms positive: the sum is too
+    s = _SignedSum(3)
+    for b, sg in zip(blocks, signs):
+        s.add(np.arange(3), b, sg)
+    want = np.log((np.concatenate(signs, 1) * np.exp(np.concatenate(blocks, 1))).sum(1))
+    np.testing.assert_allclose(s.log(), want, rtol=1e-12)
+    late = _SignedSum(2)  # row 1 joins in the second block, row 0 leaves after it
+    late.add(np.array([0]), blocks[0][:1], np.ones((1, 8)))
+    late.add(np.array([0, 1]), blocks[1][:2], np.ones((2, 8)))
+    late.add(np.array([1]), blocks[2][1:2], np.ones((1, 8)))
+    np.testing.assert_allclose(late.log(), [np.logaddexp.reduce(np.r_[blocks[0][0], blocks[1][0]]),
+                                            np.logaddexp.reduce(np.r_[blocks[1][1], blocks[2][1]])], rtol=1e-12)
+
+
 def test_a_negative_series_sum_is_an_error_as_in_opacus():
     """Opacus' ``_log_sub`` refuses a sum that would go negative; so does ours."""
     from dpgen_bench.privacy.rdp_orders import _SignedSum
