@@ -126,6 +126,9 @@ def test_signed_sums_carry_across_blocks_whose_maximum_grows():
         s.add(np.arange(3), b, sg)
     want = np.log((np.concatenate(signs, 1) * np.exp(np.concatenate(blocks, 1))).sum(1))
     np.testing.assert_allclose(s.log(), want, rtol=1e-12)
+    empty = _SignedSum(2)  # a row that never got a term sums to 0: log −∞
+    empty.add(np.array([0]), blocks[0][:1], np.ones((1, 8)))
+    assert empty.log()[1] == -np.inf
     late = _SignedSum(2)  # row 1 joins in the second block, row 0 leaves after it
     late.add(np.array([0]), blocks[0][:1], np.ones((1, 8)))
     late.add(np.array([0, 1]), blocks[1][:2], np.ones((2, 8)))
