@@ -186,7 +186,7 @@ def rdp_curve(part: PrivacyPart, orders) -> np.ndarray:
     """RDP of ``part`` (all its steps composed) at ``orders``."""
     if part.mechanism == POISSON:
         return np.asarray(_fast_compute_rdp(q=part.sample_rate, noise_multiplier=part.noise_multiplier,
-                                      steps=int(part.steps), orders=list(orders)), dtype=float)
+                                            steps=int(part.steps), orders=list(orders)), dtype=float)
     if part.mechanism in WOR_MECHANISMS:
         return int(part.steps) * rdp_wor_gaussian(part.sample_rate, part.noise_multiplier, orders,
                                                   gaussian=part.mechanism == WOR_GAUSSIAN)
