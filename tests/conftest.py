@@ -115,9 +115,10 @@ def _fresh_privacy_caches_under_mutation_testing():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """``DPGEN_TEST_CPU=FILE``: append each test's CPU seconds (this process plus the children
-    it reaped during the test) as ``seconds<TAB>test id`` lines to FILE. Wall times
-    (``--durations``) of tests that share two cores measure the neighbours as much as the
-    test; CPU seconds are what a test costs the suite."""
+    it reaped during the test) as ``seconds<TAB>test id<TAB>worker<TAB>start<TAB>end`` lines
+    to FILE (start and end: wall-clock seconds since the epoch, to see how the workers' time
+    lines up). Wall times (``--durations``) of tests that share two cores measure the
+    neighbours as much as the test; CPU seconds are what a test costs the suite."""
     path = os.environ.get("DPGEN_TEST_CPU")
     if not path:
         yield
@@ -129,7 +130,8 @@ def pytest_runtest_protocol(item, nextitem):
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         return time.process_time() + kids.ru_utime + kids.ru_stime
 
-    start = cpu()
+    start, t0 = cpu(), time.time()
     yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(path, "a") as f:
-        f.write(f"{cpu() - start:.2f}\t{item.nodeid}\n")
+        f.write(f"{cpu() - start:.2f}\t{item.nodeid}\t{worker}\t{t0:.2f}\t{time.time():.2f}\n")

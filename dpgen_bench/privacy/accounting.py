@@ -255,6 +255,37 @@ def fmt_eps(x: float, spec: str = ".3g") -> str:
 PRV_MAX_GRID_POINTS = 20_000_000  # measured ~200 B per point at peak (4.1e7 points: 8.4 GB, 212 s), so ≤ ~4 GB
 
 
+# The orders prv-accountant 0.2's ``compute_safe_domain_size`` asks its mechanisms for
+# (``other_accountants.RDP``'s defaults).
+_PRV_DOMAIN_ORDERS = tuple([1.0 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)])
+
+
+@functools.lru_cache(maxsize=256)
+def _prv_domain_rdp(q: float, sigma: float) -> dict[float, float]:
+    from .rdp_orders import rdp_orders
+
+    return dict(zip(_PRV_DOMAIN_ORDERS, rdp_orders(q, sigma, _PRV_DOMAIN_ORDERS).tolist()))
+
+
+def poisson_gaussian_prv(sample_rate: float, noise_multiplier: float):
+    """prv-accountant's ``PoissonSubsampledGaussianMechanism`` (its PRV: pdf, cdf, all of it)
+    whose ``rdp(α)``, which prv-accountant uses only to size the discretisation domain
+    (``compute_safe_domain_size``: RDP at 150 orders, twice per ``compose_prv``), comes from
+    ``rdp_orders``, all orders at once. It is the same series as prv-accountant's own
+    (TF Privacy's ``_compute_log_a``, signed terms, stopping at e⁻³⁰; at the same double
+    precision q and σ), so the domain, the grid and ε are unchanged (to ~1e-12 relative, tests in
+    tests/unit/test_accounting.py); prv-accountant's loop was ~60 % of a short run's PRV ε."""
+    from prv_accountant import PoissonSubsampledGaussianMechanism
+
+    class _Mechanism(PoissonSubsampledGaussianMechanism):
+        def rdp(self, alpha: float) -> float:
+            table = _prv_domain_rdp(float(self.p), float(self.sigma))
+            a = float(alpha)
+            return table[a] if a in table else super().rdp(alpha)
+
+    return _Mechanism(sampling_probability=sample_rate, noise_multiplier=noise_multiplier)
+
+
 def prv_grid_points(prvs, steps: Sequence[int], eps_error: float, delta_error: float) -> float:
     """Points of the grid prv-accountant 0.2 would discretise on (its ``PRVAccountant``:
     domain [-L, L] from ``compute_safe_domain_size``, mesh from Theorem 5.5 of Gopi et
@@ -285,7 +316,7 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     accountant's grid would not fit in memory (``prv_grid_points``: ε ≈ 10⁵ asked for
     34 GB and crashed a finished run).
     """
-    from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+    from prv_accountant import PRVAccountant
 
     if any(p.mechanism != POISSON for p in parts if p.steps > 0):
         logging.getLogger("dpgen_bench").debug("PRV n/a: prv-accountant has no sampling without replacement")
@@ -293,7 +324,7 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     history = _history(parts)
     if not history:
         return 0.0
-    prvs = [PoissonSubsampledGaussianMechanism(noise_multiplier=s, sampling_probability=q) for s, q, _ in history]
+    prvs = [poisson_gaussian_prv(q, s) for s, q, _ in history]
     steps = [t for _, _, t in history]
     if eps_error is None:
         eps_error = 0.01 if sum(steps) <= 20_000 else 0.05

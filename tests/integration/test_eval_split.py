@@ -36,7 +36,24 @@ def _run(cli_runner, *args):
     return res
 
 
-def test_val_run_records_its_split_and_report_keeps_it_apart(cli_runner, results):
+def _sized_mlp(monkeypatch):
+    """The MLP classifier replaced by one that records the sizes it was given: these tests are
+    about which split each evaluator reads and records, not the classifier (tests/unit/
+    test_transfer.py trains the real one); sklearn's MLP on digits' 1,221 rows cost ~5 s a call."""
+    from evaluators import transfer
+
+    seen = []
+
+    def sized(x_train, y_train, x_test, y_test, *, seed):
+        seen.append((len(x_train), len(x_test)))
+        return 0.5, {"classifier": "mlp (stand-in)"}
+
+    monkeypatch.setattr(transfer, "mlp_accuracy", sized)
+    return seen
+
+
+def test_val_run_records_its_split_and_report_keeps_it_apart(cli_runner, results, monkeypatch):
+    seen = _sized_mlp(monkeypatch)
     common = ["run", "-m", "dpgan", "--preset", "tiny", "--eps", "5", "--eval", "gen2real_mlp,real2gen_mlp",
               "--set", "steps=10"]
     _run(cli_runner, *common, "--eval-split", "val", "--out", str(results / "val"))
@@ -47,6 +64,8 @@ def test_val_run_records_its_split_and_report_keeps_it_apart(cli_runner, results
     assert val["gen2real_mlp"]["test_on"] == "real val (216)" and val["gen2real_mlp"]["eval_split"] == "val"
     assert val["real2gen_mlp"]["train_on"] == "real train minus val (1221)"
     assert test["gen2real_mlp"]["test_on"] == "real test (360)" and test["gen2real_mlp"]["eval_split"] == "test"
+    # what the classifiers were given (val run, then test run; gen2real then real2gen)
+    assert seen == [(100, 216), (1221, 100), (100, 360), (1437, 100)], seen
     # the sample rate is computed on the training split the run really used
     q_val = json.loads((results / "val" / "privacy.json").read_text())["parts"][0]["sample_rate"]
     q_test = json.loads((results / "test" / "privacy.json").read_text())["parts"][0]["sample_rate"]
@@ -59,12 +78,14 @@ def test_val_run_records_its_split_and_report_keeps_it_apart(cli_runner, results
     assert set(T.aggregate(long_val)["method"]) == {"dpgan [eval_split=val]"}
 
 
-def test_bench_eval_of_a_val_run_evaluates_on_val(cli_runner, results):
+def test_bench_eval_of_a_val_run_evaluates_on_val(cli_runner, results, monkeypatch):
+    seen = _sized_mlp(monkeypatch)
     _run(cli_runner, "run", "-m", "gan", "--preset", "tiny", "--eval", "gen2real_mlp", "--eval-split", "val",
          "--set", "steps=5", "--out", str(results / "g"))
     _run(cli_runner, "eval", str(results / "g"), "--eval", "real2gen_mlp")
     proto = json.loads((results / "g" / "eval.json").read_text())["protocol"]
     assert proto["real2gen_mlp"]["eval_split"] == "val" and proto["real2gen_mlp"]["per_class"] == [10] * 10
+    assert seen == [(100, 216), (1221, 100)], seen  # the run's gen2real, then bench eval's real2gen on val
     samples = np.load(results / "g" / "samples.npz")
     assert len(samples["labels"]) == 100
 

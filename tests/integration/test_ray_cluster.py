@@ -68,14 +68,14 @@ def test_a_sweep_spreads_over_two_nodes_and_resumes_a_killed_cell(two_nodes, tmp
     from dpgen_bench.sweep import expand
 
     root = tmp_path / "runs"
-    (killed,) = expand({"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": 400}})
+    (killed,) = expand({"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": 200}})
     proc = _spawn(root / killed.run_name, {"DPGEN_CHECKPOINT_SECONDS": "0"})  # the same config as that cell
     _wait_for_checkpoint(root / killed.run_name, proc, min_steps=40)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
     res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan", "--eps", "2", "--seeds", "3,4", "--preset", "tiny",
-                                  "--set", "steps=400", "--results", str(root), "--engine", "ray",
+                                  "--set", "steps=200", "--results", str(root), "--engine", "ray",
                                   "--address", two_nodes, "--no-report"])
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert "1 interrupted: 1 resumed from a checkpoint" in res.stderr
@@ -85,5 +85,5 @@ def test_a_sweep_spreads_over_two_nodes_and_resumes_a_killed_cell(two_nodes, tmp
     for seed in (3, 4):
         (run,) = [d for d in root.iterdir() if d.is_dir() and json.loads((d / "config.json").read_text())["seed"] == seed]
         assert (run / "eval.json").exists() and not (run / "failed.json").exists()
-        assert _privacy(run)["parts"][0]["steps"] == 400
+        assert _privacy(run)["parts"][0]["steps"] == 200
     assert not any(p.name.startswith(".failed-") for p in root.iterdir())

@@ -25,8 +25,8 @@ CASES = {
     "dpaf-phase1": ("dpaf", ["batches=80", "classifier_batches=60"], "conv1", 10),
     "dpaf-phase2": ("dpaf", ["batches=160", "classifier_batches=10"], "dpagg", 24),
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
-    "dpac": ("dpac", ["steps=80", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
-    "dpdm": ("dpdm", ["steps=50"], "denoiser", 15),
+    "dpac": ("dpac", ["steps=50", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
+    "dpdm": ("dpdm", ["steps=30"], "denoiser", 10),
     # dpgan itself is in test_resume.py; here with the generator's average, which the
     # checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
     # kill (with β = 0.9 a plant that drops the restore passed: 0.9^100 forgets it)

@@ -102,6 +102,38 @@ def test_prv_grid_too_large_for_memory_is_nan_before_allocating(caplog, monkeypa
     assert A.prv_grid_points(quick, [1500], 0.01, 1e-8) < A.PRV_MAX_GRID_POINTS / 20
 
 
+# (q, σ): where the series cancels (A_α ≈ 1), tiny and large rates, the runs' usual range
+@pytest.mark.parametrize("q, sigma", [(1e-5, 0.5), (1e-5, 50.0), (1e-3, 2.0), (0.0445, 4.18), (0.13, 0.9),
+                                      (0.3, 2.0), (0.9, 0.5)])
+def test_prv_domain_rdp_is_prv_accountants_own(q, sigma):
+    """``compose_prv``'s mechanism answers prv-accountant's ``rdp(α)`` (which sizes its
+    domain) from the vectorised series: prv-accountant's own values at every order it asks
+    for, and the same domain. Where the series cancels (A_α ≈ 1) both round differently at
+    ~1e-14 absolute."""
+    import dpgen_bench.privacy.accounting as A
+    from prv_accountant import PoissonSubsampledGaussianMechanism
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    ours, theirs = A.poisson_gaussian_prv(q, sigma), PoissonSubsampledGaussianMechanism(q, sigma)
+    assert isinstance(ours, PoissonSubsampledGaussianMechanism)
+    assert (ours.p, ours.sigma) == (theirs.p, theirs.sigma)
+    for a in A._PRV_DOMAIN_ORDERS:
+        assert ours.rdp(a) == pytest.approx(theirs.rdp(a), rel=1e-8, abs=1e-12), a
+    assert ours.rdp(7.25) == theirs.rdp(7.25)  # an order outside the table: prv-accountant's own
+    assert compute_safe_domain_size([ours], [1500], 0.01, 1e-8) == pytest.approx(
+        compute_safe_domain_size([theirs], [1500], 0.01, 1e-8), rel=1e-10)
+
+
+def test_prv_epsilon_is_unchanged_by_the_vectorised_domain(monkeypatch):
+    import dpgen_bench.privacy.accounting as A
+    from prv_accountant import PoissonSubsampledGaussianMechanism
+
+    parts = [PrivacyPart("a", 1.2, 0.02, 100), PrivacyPart("b", 2.0, 0.05, 50)]
+    ours = compose_prv(parts, 1e-5)
+    monkeypatch.setattr(A, "poisson_gaussian_prv", lambda q, s: PoissonSubsampledGaussianMechanism(q, s))
+    assert ours == pytest.approx(compose_prv(parts, 1e-5), rel=1e-10)
+
+
 def test_steps_for_budget_is_the_largest_admissible():
     t = steps_for_budget(epsilon=2.0, delta=1e-5, sample_rate=Q, noise_multiplier=1.5)
     eps = lambda n: compose_rdp([PrivacyPart("d", 1.5, Q, n)], 1e-5)  # noqa: E731
