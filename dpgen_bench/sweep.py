@@ -161,14 +161,25 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return True
 
 
+def cap_threads(threads: int) -> None:
+    """Cap this process's compute threads at ``threads``: torch's and the BLAS pools' of
+    numpy / scipy (OpenBLAS: sklearn's MLP evaluators, FID's matrix square root), which
+    start one thread per core whatever torch is told. N processes × 2 threads on 2 cores
+    slow each other down ~10× (measured for torch; OpenBLAS's waiting threads spin too:
+    sklearn's MLP on digits took 14 CPU-s under two pytest workers against 1.4 s capped)."""
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    threadpool_limits(threads)  # called, not entered: in force for the rest of the process
+
+
 def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, threads: int | None = None,
              resume: bool = False) -> dict[str, Any]:
     """Run one cell (in this process, a worker process, or a Ray task). ``threads`` caps
-    torch's threads in a worker: N processes × 2 OpenMP threads on 2 cores slow each
-    other down ~10× (measured)."""
+    the worker's compute threads (``cap_threads``)."""
     setup_logging(False)
     if threads:
-        torch.set_num_threads(threads)
+        cap_threads(threads)
     cfg = RunConfig.from_json(config_json)
     t = time.time()
     prepared = runner.prepare(cfg, data_root)
@@ -182,7 +193,7 @@ def prepare_cell(config_json: dict, data_root: str | None = None, threads: int |
     worker, ahead of the cells that share it."""
     setup_logging(False)
     if threads:
-        torch.set_num_threads(threads)
+        cap_threads(threads)
     t = time.time()
     out = runner.prepare_evaluators(RunConfig.from_json(config_json), data_root)
     return {"seconds": time.time() - t, "prepared": out}

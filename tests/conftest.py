@@ -67,15 +67,17 @@ def ray_exclusive():
 
 
 def pytest_configure(config):
-    """Under pytest-xdist every worker gets its share of the cores as torch threads, so that
-    two workers on two cores do not run four threads (``make test``: ``-n 2``)."""
+    """Under pytest-xdist every worker gets its share of the cores as compute threads (torch's
+    and numpy's BLAS), so that two workers on two cores do not run four threads (``make
+    test``: ``-n 2``)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
-        import torch
+        from dpgen_bench.sweep import cap_threads
 
         share = max(1, (os.cpu_count() or 1) // workers)
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(share)  # subprocesses too
-        torch.set_num_threads(share)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # subprocesses too
+            os.environ[var] = str(share)
+        cap_threads(share)  # torch's and numpy's OpenBLAS, loaded before this hook with a thread per core
 
 
 def pytest_collection_modifyitems(config, items):

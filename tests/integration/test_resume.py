@@ -3,9 +3,7 @@ record as an uninterrupted run of the same config and seed; SIGTERM checkpoints 
 stops with a clear line."""
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,19 +12,19 @@ import pytest
 
 from dpgen_bench.cli import cli
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_process import CliProcess  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=200", "--seed", "3"]
 
 
-def _spawn(out: Path, env_extra: dict, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-           "OMP_NUM_THREADS": "1", **env_extra}
-    code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
-    return subprocess.Popen([sys.executable, "-c", code, *ARGS, *extra_args, "--out", str(out)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _spawn(out: Path, env_extra: dict, extra_args: tuple[str, ...] = ()) -> CliProcess:
+    """``bench ARGS --out OUT`` in a child process (one torch thread), to be killed."""
+    return CliProcess([*ARGS, *extra_args, "--out", str(out)], env={"OMP_NUM_THREADS": "1", **env_extra}, cwd=ROOT)
 
 
-def _wait_for_checkpoint(out: Path, proc: subprocess.Popen, min_steps: int = 40, timeout: float = 240):
+def _wait_for_checkpoint(out: Path, proc: CliProcess, min_steps: int = 40, timeout: float = 240):
     t = time.time()
     while time.time() - t < timeout:
         ckpt = out / "resume.pt"

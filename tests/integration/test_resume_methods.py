@@ -5,11 +5,8 @@ seed, and with the same samples up to floating-point noise (the checkpoints rest
 generator of randomness, so a resumed CPU run repeats the uninterrupted one)."""
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +14,9 @@ import pytest
 import torch
 
 from dpgen_bench.cli import cli
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_process import CliProcess, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,24 +48,18 @@ def _ledger(ckpt: Path) -> dict:
         return {}
 
 
-def _spawn_until(out: Path, method: str, sets: list[str], part: str, min_steps: int) -> subprocess.Popen:
-    """Start the run in a subprocess (checkpoint at every chance) and return once its
+def _spawn_until(out: Path, method: str, sets: list[str], part: str, min_steps: int) -> CliProcess:
+    """Start the run in a child process (checkpoint at every chance) and return once its
     checkpoint has ``min_steps`` of ``part`` spent."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0"}
-    code = "import sys; from dpgen_bench.cli import cli; cli(sys.argv[1:])"
-    proc = subprocess.Popen([sys.executable, "-c", code, *_args(method, sets), "--out", str(out)], env=env,
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    t = time.time()
-    while _ledger(out / "resume.pt").get(part, 0) < min_steps:
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.time() - t < 240, "no checkpoint appeared"
-        time.sleep(0.05)
+    proc = CliProcess([*_args(method, sets), "--out", str(out)],
+                      env={"OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0"}, cwd=ROOT)
+    wait_until(lambda: _ledger(out / "resume.pt").get(part, 0) >= min_steps, proc)
     return proc
 
 
 @pytest.fixture
 def one_thread():
-    """The killed subprocess runs on one thread; so must the in-process runs compared with
+    """The killed child process runs on one thread; so must the in-process runs compared with
     it, or reductions split differently across threads and the samples drift apart."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
