@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dpgen_bench.cli import cli
@@ -59,14 +60,21 @@ def test_the_direction_field_measure_is_one_for_a_linear_critic_and_lower_for_a_
     assert gradient_alignment(curved, images, labels, n=20) < 0.5
 
 
-def test_the_collapse_script_runs_its_switches(tmp_path):
+def test_the_collapse_script_runs_its_switches(capsys):
     """``benchmarks/dpaf_collapse.py``: DPAF's networks as a plain GAN, a few steps, both G's
-    and both of D's inputs; one JSON line per seed with the spread measure."""
+    and both of D's inputs; one JSON line per seed with the spread measure. Its ``main`` is
+    called here (the script's own command line is the dpaf_gap test's subprocess above: a
+    fresh interpreter costs ~7 CPU-s of imports)."""
+    from dpaf_collapse import main
+
+    threads = torch.get_num_threads()
     for extra in ([], ["--agg", "--freeze-conv1", "--g-activation", "relu", "--g-batchnorm", "--g-label", "embedding"]):
-        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dpaf_collapse.py"), "--dataset", "digits",
-                              "--steps", "3", "--seeds", "0,1", "--width", "4", "--g-width", "4", *extra],
-                             capture_output=True, text=True, check=True, timeout=300).stdout.splitlines()
-        rows = [json.loads(line) for line in out]
+        try:
+            assert main(["--dataset", "digits", "--steps", "3", "--seeds", "0,1", "--width", "4", "--g-width", "4",
+                         *extra]) == 0
+        finally:
+            torch.set_num_threads(threads)  # the script takes one thread
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert [r["seed"] for r in rows] == [0, 1]
         assert all(0 <= r["within_class_std"] < 1 and 0.1 < r["within_class_std_real"] < 1 for r in rows)
         assert rows[0]["agg"] == ("--agg" in extra) and rows[0]["g_batchnorm"] == ("--g-batchnorm" in extra)
