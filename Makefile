@@ -38,7 +38,7 @@ claims: install
 	$(BIN)/python benchmarks/claims.py --run --jobs 2
 
 # The suite on every core (pytest-xdist; tests/conftest.py gives each worker its share of the
-# cores as torch threads); TEST_JOBS=1 runs it in one process.
+# cores as torch and BLAS threads); TEST_JOBS=1 runs it in one process.
 TEST_JOBS ?= 2
 test: install
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadgroup
