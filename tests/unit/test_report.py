@@ -85,11 +85,13 @@ def test_figures(tmp_path, cli_runner):
     import numpy as np
 
     root = standard_records(tmp_path / "runs")
-    for d in root.iterdir():
+    for d in sorted(root.iterdir()):
         if (d / "eval.json").exists():
             np.savez(d / "samples.npz", images=np.zeros((20, 1, 16, 16), np.float32),
                      labels=np.repeat(np.arange(10), 2).astype(np.int64))
-            (d / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.7, "n_d": 1}) + "\n")
+    # one run with a training log: a figure per logged run costs ~1 s (png and pdf)
+    logged = next(d for d in sorted(root.iterdir()) if (d / "eval.json").exists())
+    (logged / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.7, "n_d": 1}) + "\n")
     ev = json.loads((root / "gan-digits-m64-s0" / "eval.json").read_text())
     ev["protocol"]["mia_auc_full_black_box"] = {"roc": {"fpr": [0, 0.5, 1], "tpr": [0, 0.9, 1]}}
     (root / "gan-digits-m64-s0" / "eval.json").write_text(json.dumps(ev))
@@ -98,7 +100,8 @@ def test_figures(tmp_path, cli_runner):
     names = {p.name for p in (tmp_path / "fig").iterdir()}
     assert {"digits-gen2real_cnn-vs-eps.png", "digits-gen2real_cnn-vs-eps.pdf", "digits-eps1-samples.png",
              "digits-mia_auc_full_black_box-roc.png"} <= names
-    assert any(n.endswith("-training.png") for n in names)
+    run_id = json.loads((logged / "config.json").read_text())["run_id"]
+    assert [n for n in names if n.endswith("-training.png")] == [f"{run_id}-training.png"]
 
 
 def test_report_of_a_thousand_records_renders(tmp_path):
