@@ -62,6 +62,8 @@ class CliProcess:
         if self.returncode is None and not self._proc.is_alive():
             self._proc.join()
             self.returncode = self._proc.exitcode  # −N: killed by signal N, as Popen says
+            self._stderr = Path(self._err).read_text()  # kept; the file goes at once
+            os.unlink(self._err)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -75,14 +77,12 @@ class CliProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        text = Path(self._err).read_text()
-        os.unlink(self._err)
-        return "", text
+        return "", self._stderr
 
     def kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()
-        self._proc.join()
+        self.wait()
 
 
 def wait_until(predicate, proc: CliProcess, timeout: float = 240, every: float = 0.05) -> None:
