@@ -7,7 +7,7 @@ a fresh interpreter, and importing torch, Opacus and the methods cost ~7 CPU-s o
 single-threaded process that imported ``dpgen_bench.cli`` and the methods once per pytest
 worker, so a child starts at once with nothing inherited from the test process (its
 threads, its open files) but those imports. A child sets its environment and its one
-torch thread, sends stderr to a file, and runs the CLI as ``bench`` would; the object it
+compute thread, sends stderr to a file, and runs the CLI as ``bench`` would; the object it
 returns answers like ``subprocess.Popen`` (``poll``, ``send_signal``, ``wait``,
 ``communicate``, ``returncode``) for what these tests use.
 """
@@ -38,10 +38,10 @@ def _child(args: list[str], env: dict[str, str], cwd: str, err_path: str) -> Non
     err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(err, 2)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    import torch
-
-    torch.set_num_threads(1)
     from dpgen_bench.cli import cli
+    from dpgen_bench.sweep import cap_threads
+
+    cap_threads(1)  # torch's and numpy's BLAS: the server loaded them before this child's environment
 
     cli(args)  # click's standalone mode: ends with SystemExit(code), the process's exit code
 

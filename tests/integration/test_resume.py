@@ -5,7 +5,6 @@ stops with a clear line."""
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from dpgen_bench.cli import cli
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cli_process import CliProcess  # noqa: E402
+from cli_process import CliProcess, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=200", "--seed", "3"]
@@ -25,16 +24,13 @@ def _spawn(out: Path, env_extra: dict, extra_args: tuple[str, ...] = ()) -> CliP
 
 
 def _wait_for_checkpoint(out: Path, proc: CliProcess, min_steps: int = 40, timeout: float = 240):
-    t = time.time()
-    while time.time() - t < timeout:
-        ckpt = out / "resume.pt"
-        if ckpt.exists() and (out / "train.jsonl").exists():
-            lines = (out / "train.jsonl").read_text().splitlines()
-            if lines and json.loads(lines[-1])["d_step"] >= min_steps:
-                return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise AssertionError("no checkpoint appeared")
+    def reached() -> bool:
+        if not ((out / "resume.pt").exists() and (out / "train.jsonl").exists()):
+            return False
+        lines = (out / "train.jsonl").read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])["d_step"] >= min_steps
+
+    wait_until(reached, proc, timeout=timeout, every=0.2)
 
 
 def _privacy(d: Path) -> dict:
