@@ -5,8 +5,8 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
-# STAGES="A B C D" (default: all) picks stages; CAP_A … CAP_D cap them in seconds; ONLY=m1,m2
-# limits B to those methods, C_RUNS names C's runs, D_K is pytest's -k for D.
+# STAGES="P A B C D" (default: all) picks stages; CAP_P … CAP_D cap them in seconds (CAP_D: each
+# method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's runs, D_METHODS D's.
 # Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
 #   stages.txt          machine, versions, each stage's exit code and time
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
@@ -16,7 +16,9 @@
 #   B_presets.log, gpu_presets.jsonl   every private method's paper preset on full-size fake
 #                       data: steps/s, peak memory, projected time, --dry-run's estimate
 #   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
-#   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps)
+#   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps),
+#                       one pytest per method
+#   P_dpdm_step.log     benchmarks/dpdm_step.py: DPDM's paper chunk, bk against non-private, profile
 set -u
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
@@ -48,8 +50,12 @@ stage() {  # stage NAME CAP_SECONDS CMD...: run capped, log to $OUT/NAME.log, re
     nproc
 } >> "$OUT/stages.txt" 2>&1
 
-STAGES=${STAGES:-A B C D}
+STAGES=${STAGES:-P A B C D}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# P: DPDM's paper chunk (256 examples × K = 32 rows), non-private against bk, and a profile
+has P && stage P_dpdm_step "${CAP_P:-90}" $PY benchmarks/dpdm_step.py --repeats 3 --modes non-private,bk,bk:per_example \
+    --profile --json
 
 has A && stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
     --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
@@ -87,9 +93,16 @@ if has C; then
     export C_RUNS="${C_RUNS:-}"  # empty: every run of mnist5k's list
     stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k" &
 fi
-# -x: the first failure is printed at once (a later cap must not swallow its reason)
-has D && stage D_gpu_runs "${CAP_D:-200}" $PY -m pytest -m gpu -s -q -x -p no:cacheprovider -o addopts="" --tb=short \
-    tests/gpu/test_gpu_runs.py ${D_K:+-k "$D_K"}
+# one pytest per method, each capped at CAP_D: a case cut by its cap does not hide the others,
+# and a failure is printed when its pytest ends, not lost to a later cap
+if has D; then
+    for m in ${D_METHODS:-dpac dpaf dpgan gswgan dpdm}; do
+        stage "D_$m" "${CAP_D:-120}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" --tb=short \
+            tests/gpu/test_gpu_runs.py -k "$m"
+        { echo "== D $m"; cat "$OUT/D_$m.log"; } >> "$OUT/D_gpu_runs.log"
+        rm -f "$OUT/D_$m.log"
+    done
+fi
 wait
 # the records bench report reads (samples and checkpoints stay: the device tool brings back 16 MiB a file)
 tar czf "$OUT/mnist5k_runs.tgz" -C /tmp --exclude=samples.npz --exclude=checkpoint.pt --exclude=resume.pt \

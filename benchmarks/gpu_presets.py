@@ -50,8 +50,8 @@ CASES = [
     ("dpac", "mnist", ["steps=300", "pretrain_steps=2", "num_discriminators=100", "t_c=100"]),
     ("dpsinkhorn", "mnist", ["max_steps=300"]),
     ("dpmerf", "mnist", ["epochs=1"]),
-    # one paper step is 4,096 × 32 = 131,072 rows (~75 s on an H100 at the 1,760 rows/s measured
-    # on 2026-11-26): two steps, and no probe (it would time four)
+    # one paper step is 4,096 × 32 = 131,072 rows (~24 s on an H200, 2026-11-27; ~75 s on an
+    # H100 before bk's one-copy im2col): two steps, and no probe (it would time four)
     ("dpdm", "mnist", ["steps=2"]),
 ]
 NO_PROBE = {"dpdm"}

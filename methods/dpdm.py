@@ -297,7 +297,7 @@ def central_post_process(means01: torch.Tensor, size: tuple[int, int]) -> torch.
 
 _PAPER_28 = dict(batch_size=4096, noise_multiplicity=32, steps=4500, max_grad_norm=1.0, lr=3e-4, ema_decay=0.999,
                  nf=32, ch_mult=(1, 2, 2), num_res_blocks=2, attn_resolutions=(7,), dropout=0.0, p_mean=-1.2,
-                 p_std=1.2, sampler="euler", sampler_steps=50, max_physical_batch=256)
+                 p_std=1.2, sampler="euler", sampler_steps=50, max_physical_batch=64)
 
 
 class DPDM(Method):
@@ -338,14 +338,16 @@ class DPDM(Method):
         # 2 blocks, attention at 7 (MNIST) or 16 and 8 (CelebA-32). T = 300 epochs × ⌈N/B⌉
         # batches (their Opacus loader runs ⌈N/B⌉ batches an epoch): 4,500 at N = 60,000,
         # 27,000 for our CelebA-Gender-32 (N = 182,637); σ is calibrated here at q = B/N for
-        # that T (theirs: q = 1/⌈N/B⌉, slightly smaller). Chunks of 256 (128) examples, i.e.
-        # 8,192 (4,096) rows: the authors' physical batch is 8,192; the update is the same.
+        # that T (theirs: q = 1/⌈N/B⌉, slightly smaller). Chunks of 64 (32) examples, i.e.
+        # 2,048 (1,024) rows: the authors' physical batch of 8,192 rows is split over n_splits
+        # = 4 (2,048 rows a split); 256 examples (8,192 rows) ran out of an H200's 139 GiB under
+        # bk, 64 peak at 33 GiB (benchmarks/README.md, GPU); the update is the same.
         # 60,000 generated images for evaluation.
         "paper": {
             "mnist": dict(_PAPER_28, samples_per_class=6000),
             "fashion-mnist": dict(_PAPER_28, samples_per_class=6000),
             "celeba-gender-32": dict(_PAPER_28, batch_size=2048, steps=27_000, attn_resolutions=(16, 8),
-                                     max_physical_batch=128, delta=1e-6, samples_per_class=30_000),
+                                     max_physical_batch=32, delta=1e-6, samples_per_class=30_000),
         },
         # the first increment's quick network (digits: nf 16, T = 400) + DP-FETA's warm start on the
         # CPU sets (benchmarks/presets.md): central images from the whole split (rate 1) five

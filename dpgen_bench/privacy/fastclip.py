@@ -54,7 +54,16 @@ memory stays O(chunk · |θ|) where Opacus' hooks hold all B × |θ| values. The
 handed to the transform as column blocks, one per parameter (never concatenated), and the
 products are written into buffers reused chunk after chunk (measured: 1.1× the
 non-private step's memory and 2× its time at DPAF's paper width, benchmarks/README.md;
-chunks of 2¹⁸ values were ~10 % slower than 2²⁰, 2²² ~35 %).
+chunks of 2¹⁸ values were ~10 % slower than 2²⁰, 2²² ~35 %, on the CPU). On a GPU the chunks
+hold up to 2²⁴ values: with 2²⁰ (and ``F.unfold``) DPAF's CelebA preset ran at 10.4 private
+steps/s on an H200 in float32, against 51.7 with Opacus' hooks (and 25 GiB) on an H100 with
+TF32 convolutions; the larger chunk is not yet timed there.
+
+Conv inputs are unfolded (im2col) as a strided view and one copy (``_unfold_examples``), a
+few examples at a time: 32 rows on the CPU (cache), up to 2²⁶ values on a GPU.
+``F.unfold`` launches one kernel per row on CUDA: 60 % of DPDM's private step on an H200
+(K = 32), which the one copy took from 7.2× to 2.5× the non-private step
+(benchmarks/README.md, GPU).
 
 Not supported (a clear error at wrap time or at backward): a layer called twice before one
 backward (tied weights), a layer output changed in place after its forward, layers with
@@ -71,8 +80,10 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 
 Norms = Literal["mixed", "ghost", "per_example"]
-_CHUNK = 32  # examples unfolded at a time
+_CHUNK = 32  # rows unfolded at a time on the CPU (the unfolded chunk stays in cache)
+_CUDA_UNFOLD_VALUES = 1 << 26  # unfolded values per chunk on a GPU (256 MiB of float32; ≥ 1 example)
 _TRANSFORM_CHUNK_VALUES = 1 << 20  # per-example values per chunk under a transform (4 MiB of float32; ≥ 1 example)
+_CUDA_TRANSFORM_CHUNK_VALUES = 1 << 24  # the same on a GPU (64 MiB: fewer, larger launches; not yet timed there)
 
 
 def _merge_rows(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -185,19 +196,23 @@ class BookKeepingModule(nn.Module):
                 raise RuntimeError(f"bk backward: the output of layer '{name}' was modified in place")
         if loss.dim() > 0:
             loss = loss.mean() if self.loss_reduction == "mean" else loss.sum()
-        also = list(also)
-        grads = torch.autograd.grad(loss, [r[3] for r in records] + also, allow_unused=True)
-        backprops = grads[:len(records)]
-        for t, gt in zip(also, grads[len(records):]):
-            if gt is not None:
-                _accumulate(t, gt)
-
         rows = records[0][2].shape[0]
         group = int(group)
         if group < 1 or rows % group:
             raise ValueError(f"bk backward: {rows} rows are not whole groups of {group}")
         n = rows // group  # examples
-        layers = self._layers(records, backprops, rows, n)
+        # Opacus scales per-example gradients by the batch length under "mean": the backward
+        # of n·loss gives every layer's output gradient scaled so, with no second copy of them
+        scale = n if self.loss_reduction == "mean" else 1
+        also = list(also)
+        grads = torch.autograd.grad(loss * scale if scale != 1 else loss, [r[3] for r in records] + also,
+                                    allow_unused=True)
+        backprops = grads[:len(records)]
+        for t, gt in zip(also, grads[len(records):]):
+            if gt is not None:
+                _accumulate(t, gt / scale if scale != 1 else gt)  # their ordinary gradient of loss
+
+        layers = self._layers(records, backprops, rows)
         if self.transform is not None:
             self._materialised(layers, n, group)
             self._zero_missing_grads()
@@ -218,17 +233,15 @@ class BookKeepingModule(nn.Module):
                 _accumulate(p, grad)
         self._zero_missing_grads()  # unused in this forward: a zero per-example gradient
 
-    def _layers(self, records, backprops, rows: int, n: int) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor]]:
-        """(name, layer, input, output gradient) per recorded layer, the output gradient scaled
-        as Opacus scales it (the gradient of example i's own loss, the mean of its rows')."""
+    def _layers(self, records, backprops, rows: int) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor]]:
+        """(name, layer, input, output gradient) per recorded layer (the output gradients
+        already scaled as Opacus scales them: the gradient of example i's own loss, the mean
+        of its rows')."""
         layers = []
         for (name, m, a, out, _), g in zip(records, backprops):
             if a.shape[0] != rows:
                 raise ValueError(f"bk backward: layer '{name}' saw {a.shape[0]} rows, the first layer {rows}")
-            g = torch.zeros_like(out) if g is None else g.detach()
-            if self.loss_reduction == "mean":
-                g = g * n
-            layers.append((name, m, a, g))
+            layers.append((name, m, a, torch.zeros_like(out) if g is None else g.detach()))
         return layers
 
     def _materialised(self, layers, n: int, group: int) -> None:
@@ -245,7 +258,8 @@ class BookKeepingModule(nn.Module):
         d = sum(sizes)
         device = params[0].device
         apply = self.transform.plan(n, d, device)
-        step = max(1, min(n, _TRANSFORM_CHUNK_VALUES // max(1, d)))
+        budget = _TRANSFORM_CHUNK_VALUES if device.type == "cpu" else _CUDA_TRANSFORM_CHUNK_VALUES
+        step = max(1, min(n, budget // max(1, d)))
         totals = [torch.zeros(size, device=device, dtype=params[0].dtype) for size in sizes]
         buffers = {p: torch.empty(step, p.numel(), device=device, dtype=params[0].dtype) for p in params}
         norms = []
@@ -294,10 +308,11 @@ class BookKeepingModule(nn.Module):
         ghost = self._ghost(G.shape[2], d, G.shape[1])
         W = None
         if want_w:
-            # unfold (im2col) a few examples at a time: the unfolded chunk stays in cache
-            # and memory stays O(chunk) instead of n·d·T (measured: benchmarks/README.md)
+            # unfold (im2col) a few examples at a time: memory stays O(chunk) instead of
+            # n·d·T, and on the CPU the unfolded chunk stays in cache (measured:
+            # benchmarks/README.md); a GPU takes chunks of up to 2²⁶ values
             parts = []
-            step = max(1, _CHUNK // k)
+            step = _unfold_step(a, k, d * G.shape[2])
             for i in range(0, n, step):
                 A = _unfold_examples(m, a, k, i, i + step)  # c, d, K·T
                 Gc = G[i:i + step]
@@ -416,11 +431,32 @@ def _accumulate(p: torch.Tensor, grad: torch.Tensor) -> None:
     p.grad = grad if p.grad is None else p.grad + grad
 
 
+def _unfold_step(a: torch.Tensor, k: int, values_per_example: int) -> int:
+    """Examples unfolded at a time: ``_CHUNK`` rows on the CPU, up to ``_CUDA_UNFOLD_VALUES``
+    values on a GPU (one launch per chunk there; the CPU's cache favours small chunks)."""
+    if a.device.type == "cpu":
+        return max(1, _CHUNK // k)
+    return max(1, _CUDA_UNFOLD_VALUES // max(1, values_per_example))
+
+
 def _unfold_examples(m: nn.Conv2d, a: torch.Tensor, k: int, i: int, j: int) -> torch.Tensor:
     """Examples i … j−1 of the conv's input unfolded (im2col), each example's K rows side by
-    side: (j − i, d, K·T)."""
-    return _merge_rows(F.unfold(a[i * k:j * k], m.kernel_size, dilation=m.dilation, padding=m.padding,
-                                stride=m.stride), k)
+    side: (j − i, d, K·T), d in (channel, kernel row, kernel column) order and the positions
+    in (row, output row, output column) order, as ``F.unfold`` and ``_merge_rows`` give.
+
+    Built as a strided view of the padded input and ONE copy: ``F.unfold`` on CUDA launches
+    an im2col kernel per row (measured on an H200: 60 % of DPDM's private step at K = 32,
+    benchmarks/README.md), and ``_merge_rows`` would copy it again."""
+    (kh, kw), (dh, dw), (sh, sw), (ph, pw) = m.kernel_size, m.dilation, m.stride, m.padding
+    x = a[i * k:j * k]
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    v = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)  # r, c, Ho, Wo, eh, ew
+    if dh > 1 or dw > 1:
+        v = v[..., ::dh, ::dw]
+    r, c, ho, wo = v.shape[:4]
+    v = v.reshape(r // k, k, c, ho, wo, kh, kw).permute(0, 2, 5, 6, 1, 3, 4)  # n, c, kh, kw, K, Ho, Wo
+    return v.reshape(r // k, c * kh * kw, k * ho * wo)
 
 
 def _opacus_per_example(m: nn.Module, a: torch.Tensor, g: torch.Tensor, group: int) -> dict:

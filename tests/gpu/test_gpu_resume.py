@@ -14,7 +14,7 @@ import torch
 from dpgen_bench.cli import cli
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from test_resume import _privacy, _spawn, _wait_for_checkpoint  # noqa: E402 - the killed run of ARGS
+from test_resume import ARGS, _privacy, _spawn, _wait_for_checkpoint  # noqa: E402 - the killed run of ARGS
 
 
 @pytest.mark.gpu
@@ -22,14 +22,13 @@ def test_auto_trains_on_cuda_and_its_checkpoint_resumes_on_cuda_only(tmp_path, c
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     ref = tmp_path / "uninterrupted"
-    res = cli_runner.invoke(cli, ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=400",
-                                  "--seed", "3", "--device", "auto", "--out", str(ref)])
+    res = cli_runner.invoke(cli, [*ARGS, "--device", "auto", "--out", str(ref)])  # the killed run's own arguments
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert json.loads((ref / "env.json").read_text())["device"]["name"].startswith("cuda")
 
     out = tmp_path / "killed"
     proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"}, ("--device", "auto"))
-    _wait_for_checkpoint(out, proc, min_steps=40)
+    _wait_for_checkpoint(out, proc, min_steps=20)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert torch.load(out / "resume.pt", weights_only=True, map_location="cpu")["device"] == "cuda"
@@ -42,5 +41,6 @@ def test_auto_trains_on_cuda_and_its_checkpoint_resumes_on_cuda_only(tmp_path, c
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])  # auto: CUDA here
     assert res.exit_code == 0, (res.stderr, res.exception)
     a, b = _privacy(ref), _privacy(out)
-    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == 400 and a["epsilon"] == b["epsilon"]
+    steps = int(ARGS[ARGS.index("--set") + 1].removeprefix("steps="))
+    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == steps and a["epsilon"] == b["epsilon"]
     assert json.loads((out / "env.json").read_text())["device"]["name"].startswith("cuda")

@@ -26,7 +26,7 @@ SHORT = {
     "dpaf": ["batches=400", "classifier_batches=100"],
     "gswgan": ["steps=300", "pretrain_steps=2", "num_discriminators=100"],
     "dpac": ["steps=300", "pretrain_steps=2", "num_discriminators=100", "t_c=100"],
-    "dpdm": ["steps=2"],  # B = 4,096 × K = 32 rows in 16 chunks a step: over a minute a step (H100, 2026-11-26)
+    "dpdm": ["steps=2"],  # B = 4,096 × K = 32 rows a step in 64 chunks: ~24 s a step (H200, 2026-11-27)
 }
 # ... and to a couple of steps (the CPU twin; paper width is slow on the CPU)
 TINY = {

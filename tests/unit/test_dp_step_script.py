@@ -19,3 +19,20 @@ def test_dp_step_json_lists_every_mode_with_a_ratio():
     for mode in ("hooks", "functorch", "ghost", "bk"):
         assert modes[mode]["step_ms"] > 0 and modes[mode]["ratio"] > 0
     assert modes["ew"]["ratio"] is None and modes["ew"]["error"]  # Expanded Weights cannot run this net
+
+
+def test_dpdm_step_json_times_the_paper_unet_chunk_private_and_not(monkeypatch, capsys):
+    """``benchmarks/dpdm_step.py`` (DPDM's paper chunk, bk against non-private), in-process at
+    one example of K = 2 rows: every mode timed, rows/s = E·K / step, ratio to non-private."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["dpdm_step.py", "--examples", "1", "--k", "2", "--repeats", "1",
+                                      "--modes", "non-private,bk", "--device", "cpu", "--json"])
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    runpy.run_path(str(ROOT / "benchmarks" / "dpdm_step.py"), run_name="__main__")
+    out = json.loads(capsys.readouterr().out)
+    assert (out["examples"], out["k"], out["device"]) == (1, 2, "cpu")
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert rows["non-private"]["ratio"] == 1.0 and rows["bk"]["ratio"] > 0
+    for r in rows.values():
+        assert abs(r["rows_per_s"] - 2 / r["step_s"]) <= 1

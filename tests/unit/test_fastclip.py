@@ -604,3 +604,45 @@ def test_private_backward_on_a_plain_module_is_a_plain_backward():
     F.binary_cross_entropy_with_logits(ref(x, y), t).backward()
     for p, q in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("conv", [dict(kernel_size=3, padding=1), dict(kernel_size=4, stride=2, padding=1),
+                                  dict(kernel_size=(3, 2), stride=(1, 2), padding=(2, 0), dilation=(2, 1)),
+                                  dict(kernel_size=1)])
+def test_unfold_examples_is_unfold_with_each_examples_rows_side_by_side(conv, k, device):
+    """bk's im2col (a strided view and one copy) against ``F.unfold`` then ``_merge_rows``:
+    the same values in the same order for every stride, dilation, padding and group size."""
+    from dpgen_bench.privacy.fastclip import _merge_rows, _unfold_examples
+
+    m = nn.Conv2d(3, 5, **conv).to(device)
+    a = torch.randn(4 * k, 3, 9, 8, device=device)
+    ref = _merge_rows(F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride), k)
+    for i, j in ((0, 4), (1, 3), (3, 4)):
+        torch.testing.assert_close(_unfold_examples(m, a, k, i, j), ref[i:j], rtol=0, atol=0)
+
+
+def test_bk_unfolds_in_chunks_of_any_size_on_the_cpu_and_by_values_on_a_gpu(monkeypatch):
+    """The conv rule's chunking changes nothing: many examples (and their K rows) at a time,
+    as on a GPU, give the same norms and sums as one at a time; a GPU's chunk is sized in
+    values (a ``meta`` tensor stands in for CUDA here)."""
+    from dpgen_bench.privacy import fastclip
+
+    net, k, row_losses, grads = _grouped_case(torch.device("cpu"))
+    sizes = norms_of(grads)
+    C = sizes.median().item()
+    results = []
+    for chunk_rows in (1, 7, 10_000):
+        monkeypatch.setattr(fastclip, "_CHUNK", chunk_rows)
+        net.zero_grad(set_to_none=True)
+        bk = BookKeepingModule(net, max_grad_norm=C, norms="per_example")
+        bk.backward(row_losses(bk, slice(None)), group=k)
+        torch.testing.assert_close(bk.per_sample_norms, sizes, rtol=1e-4, atol=1e-6)
+        results.append([p.grad.clone() for p in net.parameters()])
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+    meta = torch.empty(0, device="meta")
+    assert fastclip._unfold_step(meta, 32, fastclip._CUDA_UNFOLD_VALUES // 5) == 5
+    assert fastclip._unfold_step(meta, 32, 10 * fastclip._CUDA_UNFOLD_VALUES) == 1
+    assert fastclip._unfold_step(torch.empty(0), 4, 1) == fastclip._CHUNK // 4

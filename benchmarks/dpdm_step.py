@@ -1,0 +1,116 @@
+"""DPDM's private step on its paper U-Net: one physical chunk of E examples × K noised rows,
+non-private against the book-keeping (``bk``) path it trains with, and where the time goes.
+
+    .venv/bin/python benchmarks/dpdm_step.py [--examples 256] [--k 32] [--repeats 5] [--profile]
+
+The chunk is the one ``methods/dpdm.py`` takes at the MNIST paper preset (256 examples of
+K = 32 rows: 8,192 rows of the 28×28 NCSN++-style U-Net, nf 32, ch_mult 1,2,2, 2 res blocks,
+attention at 7): the EDM loss, then a plain backward (non-private) or ``private_backward``
+with ``group=K`` (each example's gradient is the sum over its K rows, clipped once).
+``bk:ghost`` / ``bk:per_example`` force one norm rule on every layer (the default ``bk``
+picks per layer), as in ``benchmarks/dp_step.py``. Timed round-robin, median of
+``--repeats``; rows/s = E·K / step time. ``--profile`` prints torch.profiler's top operators
+of one ``bk`` chunk (self time, CUDA if on a GPU). ``--json``: one object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from dp_step import PartContext, _sync, round_robin  # noqa: E402
+
+from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
+from methods.dpdm import _PAPER_28, DPDMHparams, edm_loss  # noqa: E402
+from dpgen_bench.nets.unet import ConditionalUNet  # noqa: E402
+
+MODES = ("non-private", "bk", "bk:ghost", "bk:per_example")
+
+
+def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams):
+    torch.manual_seed(0)
+    net = ConditionalUNet((1, 28, 28), 10, h.nf, h.ch_mult, h.num_res_blocks, h.attn_resolutions, h.dropout).to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=h.lr)
+    model, private = net, mode != "non-private"
+    if private:
+        base, _, norms = mode.partition(":")
+        model, opt = make_private(net, opt, ctx=PartContext(1.0), part="d", max_grad_norm=1.0,
+                                  expected_batch_size=examples, grad_sample_mode=base)
+        if norms:
+            model.norms = norms
+    n = examples * k
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.rand(examples, 1, 28, 28, device=device, generator=g).repeat_interleave(k, 0) * 2 - 1
+    y = torch.randint(0, 10, (examples,), device=device, generator=g).repeat_interleave(k, 0)
+    sigma = (torch.randn(n, device=device, generator=g) * h.p_std + h.p_mean).exp()
+    noise = torch.randn(x.shape, device=device, generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        losses = edm_loss(model, x, y, sigma, noise)
+        if private:
+            private_backward(model, opt, losses, group=k)
+        else:
+            losses.mean().backward()
+        opt.step()
+        _sync()
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--examples", type=int, default=256, help="examples in the chunk (the preset's max_physical_batch)")
+    ap.add_argument("--k", type=int, default=32, help="noise multiplicity K (rows per example)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler's top operators of one bk chunk")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    h = DPDMHparams(**{k: v for k, v in _PAPER_28.items() if k in DPDMHparams.__dataclass_fields__})
+    modes = args.modes.split(",")
+    print(f"device {device}, torch {torch.__version__}, chunk {args.examples} × K {args.k} rows", file=sys.stderr)
+    builders = {m: (lambda m=m: make_step(args.examples, args.k, m, device, h)) for m in modes}
+    res = round_robin(builders, args.repeats, warmup=1)
+    rows = []
+    base = res.get("non-private")
+    for m, t in res.items():
+        ok = isinstance(t, float)
+        rows.append({"mode": m, "step_s": round(t, 4) if ok else None,
+                     "rows_per_s": round(args.examples * args.k / t) if ok else None,
+                     "ratio": round(t / base, 3) if ok and isinstance(base, float) else None,
+                     **({} if ok else {"error": t})})
+    out = {"device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+           "torch": torch.__version__, "examples": args.examples, "k": args.k, "rows": rows}
+    if device.type == "cuda":
+        out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print("| mode | chunk (s) | rows/s | ratio to non-private |\n|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['mode']} | {r['step_s']} | {r['rows_per_s']} | {r['ratio']} |" if r["step_s"] is not None
+                  else f"| {r['mode']} | fails: {r['error']} | | |")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = make_step(args.examples, args.k, "bk", device, h)
+        step()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            step()
+        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=20), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
