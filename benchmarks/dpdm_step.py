@@ -1,12 +1,15 @@
 """DPDM's private step on its paper U-Net: one physical chunk of E examples × K noised rows,
 non-private against the book-keeping (``bk``) path it trains with, and where the time goes.
 
-    .venv/bin/python benchmarks/dpdm_step.py [--examples 256] [--k 32] [--repeats 5] [--profile]
+    .venv/bin/python benchmarks/dpdm_step.py [--dataset mnist|celeba-gender-32] [--examples E]
+                                             [--k 32] [--repeats 5] [--profile]
 
-The chunk is the one ``methods/dpdm.py`` takes at the MNIST paper preset (256 examples of
-K = 32 rows: 8,192 rows of the 28×28 NCSN++-style U-Net, nf 32, ch_mult 1,2,2, 2 res blocks,
-attention at 7): the EDM loss, then a plain backward (non-private) or ``private_backward``
-with ``group=K`` (each example's gradient is the sum over its K rows, clipped once).
+The chunk is the one ``methods/dpdm.py`` takes at the dataset's paper preset (MNIST: 64
+examples of K = 32 rows, 2,048 rows of the 28×28 U-Net, nf 32, ch_mult 1,2,2, 2 res blocks,
+attention at 7; CelebA-Gender-32: 32 examples, 3×32×32, attention at 16 and 8), unless
+``--examples`` says otherwise: the EDM loss, then a plain backward (non-private) or
+``private_backward`` with ``group=K`` (each example's gradient is the mean over its K rows,
+clipped once).
 ``bk:ghost`` / ``bk:per_example`` force one norm rule on every layer (the default ``bk``
 picks per layer), as in ``benchmarks/dp_step.py``. Timed round-robin, median of
 ``--repeats``; rows/s = E·K / step time. ``--profile`` prints torch.profiler's top operators
@@ -28,15 +31,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from dp_step import PartContext, _sync, round_robin  # noqa: E402
 
 from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
-from methods.dpdm import _PAPER_28, DPDMHparams, edm_loss  # noqa: E402
+from methods.dpdm import DPDM, DPDMHparams, edm_loss  # noqa: E402
 from dpgen_bench.nets.unet import ConditionalUNet  # noqa: E402
 
 MODES = ("non-private", "bk", "bk:ghost", "bk:per_example")
 
 
-def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams):
+SHAPES = {"mnist": (1, 28, 28), "celeba-gender-32": (3, 32, 32)}
+CLASSES = {"mnist": 10, "celeba-gender-32": 2}
+
+
+def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams, dataset: str = "mnist"):
     torch.manual_seed(0)
-    net = ConditionalUNet((1, 28, 28), 10, h.nf, h.ch_mult, h.num_res_blocks, h.attn_resolutions, h.dropout).to(device)
+    shape = SHAPES[dataset]
+    net = ConditionalUNet(shape, CLASSES[dataset], h.nf, h.ch_mult, h.num_res_blocks, h.attn_resolutions,
+                          h.dropout).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=h.lr)
     model, private = net, mode != "non-private"
     if private:
@@ -47,8 +56,8 @@ def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams):
             model.norms = norms
     n = examples * k
     g = torch.Generator(device=device).manual_seed(0)
-    x = torch.rand(examples, 1, 28, 28, device=device, generator=g).repeat_interleave(k, 0) * 2 - 1
-    y = torch.randint(0, 10, (examples,), device=device, generator=g).repeat_interleave(k, 0)
+    x = torch.rand(examples, *shape, device=device, generator=g).repeat_interleave(k, 0) * 2 - 1
+    y = torch.randint(0, CLASSES[dataset], (examples,), device=device, generator=g).repeat_interleave(k, 0)
     sigma = (torch.randn(n, device=device, generator=g) * h.p_std + h.p_mean).exp()
     noise = torch.randn(x.shape, device=device, generator=g)
 
@@ -67,7 +76,9 @@ def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--examples", type=int, default=256, help="examples in the chunk (the preset's max_physical_batch)")
+    ap.add_argument("--dataset", choices=sorted(SHAPES), default="mnist", help="whose paper preset (net, chunk)")
+    ap.add_argument("--examples", type=int, default=None,
+                    help="examples in the chunk [default: the preset's max_physical_batch]")
     ap.add_argument("--k", type=int, default=32, help="noise multiplicity K (rows per example)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--modes", default=",".join(MODES))
@@ -76,10 +87,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = torch.device(args.device)
-    h = DPDMHparams(**{k: v for k, v in _PAPER_28.items() if k in DPDMHparams.__dataclass_fields__})
+    preset = DPDM.presets["paper"][args.dataset]
+    h = DPDMHparams(**{k: v for k, v in preset.items() if k in DPDMHparams.__dataclass_fields__})
+    if args.examples is None:
+        args.examples = h.max_physical_batch
     modes = args.modes.split(",")
-    print(f"device {device}, torch {torch.__version__}, chunk {args.examples} × K {args.k} rows", file=sys.stderr)
-    builders = {m: (lambda m=m: make_step(args.examples, args.k, m, device, h)) for m in modes}
+    print(f"device {device}, torch {torch.__version__}, {args.dataset}: chunk {args.examples} × K {args.k} rows",
+          file=sys.stderr)
+    builders = {m: (lambda m=m: make_step(args.examples, args.k, m, device, h, args.dataset)) for m in modes}
     res = round_robin(builders, args.repeats, warmup=1)
     rows = []
     base = res.get("non-private")
@@ -90,7 +105,7 @@ def main() -> None:
                      "ratio": round(t / base, 3) if ok and isinstance(base, float) else None,
                      **({} if ok else {"error": t})})
     out = {"device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-           "torch": torch.__version__, "examples": args.examples, "k": args.k, "rows": rows}
+           "torch": torch.__version__, "dataset": args.dataset, "examples": args.examples, "k": args.k, "rows": rows}
     if device.type == "cuda":
         out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if args.json:
@@ -103,7 +118,7 @@ def main() -> None:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        step = make_step(args.examples, args.k, "bk", device, h)
+        step = make_step(args.examples, args.k, "bk", device, h, args.dataset)
         step()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=acts) as prof:

@@ -18,7 +18,8 @@
 #   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
 #   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps),
 #                       one pytest per method
-#   P_dpdm_step.log     benchmarks/dpdm_step.py: DPDM's paper chunk, bk against non-private, profile
+#   P_dpdm_step.log     benchmarks/dpdm_step.py: DPDM's paper chunks (MNIST, CelebA-32), bk against
+#                       non-private, peak memory, a profile
 set -u
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
@@ -53,9 +54,13 @@ stage() {  # stage NAME CAP_SECONDS CMD...: run capped, log to $OUT/NAME.log, re
 STAGES=${STAGES:-P A B C D}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-# P: DPDM's paper chunk (256 examples × K = 32 rows), non-private against bk, and a profile
-has P && stage P_dpdm_step "${CAP_P:-90}" $PY benchmarks/dpdm_step.py --repeats 3 --modes non-private,bk,bk:per_example \
-    --profile --json
+# P: DPDM's paper chunks (MNIST 64 examples, CelebA-32 32, × K = 32 rows), non-private against bk,
+# with peak memory, and a profile of MNIST's bk chunk
+dpdm_chunks() {
+    $PY benchmarks/dpdm_step.py --repeats 3 --modes non-private,bk --json --profile
+    $PY benchmarks/dpdm_step.py --dataset celeba-gender-32 --repeats 3 --modes non-private,bk --json
+}
+has P && stage P_dpdm_step "${CAP_P:-120}" bash -c "$(declare -f dpdm_chunks); PY=$PY; dpdm_chunks"
 
 has A && stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
     --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
