@@ -30,22 +30,23 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from dp_step import PartContext, _sync, round_robin  # noqa: E402
 
+from dpgen_bench.api import DataInfo  # noqa: E402
 from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
 from methods.dpdm import DPDM, DPDMHparams, edm_loss  # noqa: E402
-from dpgen_bench.nets.unet import ConditionalUNet  # noqa: E402
 
 MODES = ("non-private", "bk", "bk:ghost", "bk:per_example")
 
 
-SHAPES = {"mnist": (1, 28, 28), "celeba-gender-32": (3, 32, 32)}
-CLASSES = {"mnist": 10, "celeba-gender-32": 2}
+# what DPDM may know of each dataset before loading it (image shape, classes, training N)
+INFO = {"mnist": DataInfo("mnist", (1, 28, 28), 10, 60_000),
+        "celeba-gender-32": DataInfo("celeba-gender-32", (3, 32, 32), 2, 182_637)}
 
 
 def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams, dataset: str = "mnist"):
     torch.manual_seed(0)
-    shape = SHAPES[dataset]
-    net = ConditionalUNet(shape, CLASSES[dataset], h.nf, h.ch_mult, h.num_res_blocks, h.attn_resolutions,
-                          h.dropout).to(device)
+    info = INFO[dataset]
+    shape = info.image_shape
+    net = DPDM(h, info).net.to(device)  # the method's own network for these hparams
     opt = torch.optim.Adam(net.parameters(), lr=h.lr)
     model, private = net, mode != "non-private"
     if private:
@@ -57,7 +58,7 @@ def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams, dataset:
     n = examples * k
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.rand(examples, *shape, device=device, generator=g).repeat_interleave(k, 0) * 2 - 1
-    y = torch.randint(0, CLASSES[dataset], (examples,), device=device, generator=g).repeat_interleave(k, 0)
+    y = torch.randint(0, info.num_classes, (examples,), device=device, generator=g).repeat_interleave(k, 0)
     sigma = (torch.randn(n, device=device, generator=g) * h.p_std + h.p_mean).exp()
     noise = torch.randn(x.shape, device=device, generator=g)
 
@@ -76,7 +77,7 @@ def make_step(examples: int, k: int, mode: str, device, h: DPDMHparams, dataset:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", choices=sorted(SHAPES), default="mnist", help="whose paper preset (net, chunk)")
+    ap.add_argument("--dataset", choices=sorted(INFO), default="mnist", help="whose paper preset (net, chunk)")
     ap.add_argument("--examples", type=int, default=None,
                     help="examples in the chunk [default: the preset's max_physical_batch]")
     ap.add_argument("--k", type=int, default=32, help="noise multiplicity K (rows per example)")

@@ -205,12 +205,11 @@ class BookKeepingModule(nn.Module):
         # of n·loss gives every layer's output gradient scaled so, with no second copy of them
         scale = n if self.loss_reduction == "mean" else 1
         also = list(also)
-        grads = torch.autograd.grad(loss * scale if scale != 1 else loss, [r[3] for r in records] + also,
-                                    allow_unused=True)
+        grads = torch.autograd.grad(loss * scale, [r[3] for r in records] + also, allow_unused=True)
         backprops = grads[:len(records)]
         for t, gt in zip(also, grads[len(records):]):
             if gt is not None:
-                _accumulate(t, gt / scale if scale != 1 else gt)  # their ordinary gradient of loss
+                _accumulate(t, gt / scale)  # their ordinary gradient of loss (÷ 1 is exact)
 
         layers = self._layers(records, backprops, rows)
         if self.transform is not None:

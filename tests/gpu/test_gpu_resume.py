@@ -14,7 +14,7 @@ import torch
 from dpgen_bench.cli import cli
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from test_resume import ARGS, _privacy, _spawn, _wait_for_checkpoint  # noqa: E402 - the killed run of ARGS
+from test_resume import ARGS, STEPS, _privacy, _spawn, _wait_for_checkpoint  # noqa: E402 - the killed run of ARGS
 
 
 @pytest.mark.gpu
@@ -41,6 +41,5 @@ def test_auto_trains_on_cuda_and_its_checkpoint_resumes_on_cuda_only(tmp_path, c
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])  # auto: CUDA here
     assert res.exit_code == 0, (res.stderr, res.exception)
     a, b = _privacy(ref), _privacy(out)
-    steps = int(ARGS[ARGS.index("--set") + 1].removeprefix("steps="))
-    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == steps and a["epsilon"] == b["epsilon"]
+    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == STEPS and a["epsilon"] == b["epsilon"]
     assert json.loads((out / "env.json").read_text())["device"]["name"].startswith("cuda")

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cli_process import CliProcess, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=200", "--seed", "3"]
+STEPS = 200  # the killed run's D steps
+ARGS = ["run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", f"steps={STEPS}", "--seed", "3"]
 
 
 def _spawn(out: Path, env_extra: dict, extra_args: tuple[str, ...] = ()) -> CliProcess:
@@ -52,7 +53,7 @@ def test_killed_run_resumes_to_the_same_privacy_record(tmp_path, cli_runner):
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
     assert res.exit_code == 0, (res.stderr, res.exception)
     a, b = _privacy(ref), _privacy(out)
-    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == 200
+    assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == STEPS
     assert a["epsilon"] == b["epsilon"] and a["parts"][0]["noise_multiplier"] == b["parts"][0]["noise_multiplier"]
     assert (out / "eval.json").is_file()
     ma = json.loads((ref / "eval.json").read_text())["metrics"]["gen2real_cnn"]
@@ -100,7 +101,7 @@ def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path, cli_runner):
     from dpgen_bench.sweep import expand
 
     root = tmp_path / "runs"
-    grid = {"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": 200}}
+    grid = {"method": "dpgan", "eps": "2", "seeds": "3", "preset": "tiny", "set": {"steps": STEPS}}
     (cell,) = expand(grid)
     out = root / cell.run_name
     proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})  # the same config as the cell (ARGS)
@@ -108,9 +109,9 @@ def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path, cli_runner):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan", "--eps", "2", "--seeds", "3", "--preset", "tiny",
-                                  "--set", "steps=200", "--results", str(root), "--no-report"])
+                                  "--set", f"steps={STEPS}", "--results", str(root), "--no-report"])
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert "1 interrupted: 1 resumed from a checkpoint" in res.stderr
     assert "resuming" in res.stderr
-    assert _privacy(out)["parts"][0]["steps"] == 200
+    assert _privacy(out)["parts"][0]["steps"] == STEPS
     assert not any(p.name.startswith(".failed-") for p in root.iterdir())
