@@ -1,6 +1,7 @@
 """Check the seed papers' claims on each dataset of ``claims.yaml`` and write ``benchmarks/CLAIMS.md``.
 
-    python benchmarks/claims.py [--run] [--jobs N] [--dataset D,...] [--only ID,...] [--results DIR] [--out FILE]
+    python benchmarks/claims.py [--run] [--jobs N] [--dataset D,...] [--only ID,...] [--require-commit REV]
+                                [--results DIR] [--out FILE]
 
 Reads ``benchmarks/claims.yaml`` (its header says what an arm and an expectation are). Every
 arm is expanded once per dataset of the file's ``datasets`` (a claim's own ``datasets``
@@ -9,6 +10,13 @@ runs every cell that has no complete record (``bench sweep``'s machinery: determ
 directories, complete cells skipped, crashed ones run again); without it the file is written
 from the records already there, and an arm without its seeds says so. Every number in a
 block rendered this time is recomputed from the run records.
+
+A record is reused for as long as its cell's config is unchanged, whatever code changed
+since (2026-11-27: the digits sections still held runs from before the evaluator CNN was
+seeded, f194080). Each section therefore names the commits its records were made at
+(``env.json``), and ``--require-commit REV`` treats a record made by code without REV as
+missing: ``--run`` runs it again (the old directory kept as ``.stale-…``), a render without
+``--run`` leaves it out and says how many.
 
 CLAIMS.md holds one block per dataset, between ``<!-- claims:dataset=D -->`` and
 ``<!-- /claims:dataset=D -->``: that dataset's sections (arms, numbers, checks, verdict),
@@ -65,6 +73,8 @@ class Arm:
     eps: list[tuple[float, float]] = field(default_factory=list)  # (RDP, PRV) per complete seed
     caveat: str | None = None
     machines: list[str] = field(default_factory=list)  # where each complete seed ran (env.json)
+    commits: list[str | None] = field(default_factory=list)  # the code that made each complete seed (env.json)
+    stale: int = 0  # complete records left out: made without the required commit
 
     def mean(self, metric: str) -> float:
         v = self.values.get(metric, [])
@@ -129,11 +139,17 @@ def build_arms(spec: dict, claim: dict, dataset: str) -> dict[str, Arm]:
     return arms
 
 
-def read_arm(arm: Arm, root: Path) -> None:
+def read_arm(arm: Arm, root: Path, require_commit: str | None = None) -> None:
+    """The arm's complete records under ``root``; with ``require_commit`` (a full hash), a
+    record made by code without that commit is left out (counted in ``arm.stale``)."""
     for cell in arm.cells:
         rec = store.load_record(root / cell.run_name)
         if rec is None:
             continue
+        if require_commit and not store.made_after(root / cell.run_name, require_commit):
+            arm.stale += 1
+            continue
+        arm.commits.append(store.record_commit(root / cell.run_name))
         for metric, value in rec["eval"].get("metrics", {}).items():
             arm.values.setdefault(metric, []).append(float(value))
         eps = rec["privacy"]["epsilon"]
@@ -145,6 +161,25 @@ def read_arm(arm: Arm, root: Path) -> None:
                                 f"{env.get('device', {}).get('name', '?')}")
         except (OSError, ValueError):
             arm.machines.append("unknown machine")
+
+
+def code_text(arms: dict[str, Arm]) -> str:
+    """Which code made a section's records: each git commit their ``env.json`` names, with its
+    date and how many runs it made, newest first (a record shared by several arms counted
+    once per arm); "unknown" for a record without a commit or one this checkout lacks."""
+    counts: dict[str | None, int] = {}
+    for a in arms.values():
+        for c in a.commits:
+            counts[c] = counts.get(c, 0) + 1
+    dated = []
+    for commit, n in counts.items():
+        dated.append((store.commit_date(commit) or "" if commit else "", commit, n))
+    parts = []
+    for date, commit, n in sorted(dated, key=lambda t: t[0], reverse=True):
+        runs = f"{n} run{'s' if n != 1 else ''}"
+        parts.append(f"{runs} at {commit[:7]} ({date[:10]})" if commit and date else
+                     f"{runs} at {commit[:7]} (not in this checkout)" if commit else f"{runs} at an unknown commit")
+    return "; ".join(parts)
 
 
 def welch_greater(a: list[float], b: list[float]) -> float:
@@ -281,7 +316,7 @@ def _fewer_here(section: str, arms: dict[str, Arm]) -> bool:
 
 
 def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],
-                 seconds: float | None, previous: str = "") -> str:
+                 seconds: float | None, previous: str = "", require_commit: str | None = None) -> str:
     """One dataset's block (without its markers): where its runs ran, a section per claim, the
     date. A claim for which this machine holds fewer runs than ``previous`` (the block as it
     stood) showed keeps that section, marked as kept, instead of losing results."""
@@ -310,7 +345,14 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
                                      [m for a in arms.values() for m in a.values]))
         lines += [f'<a id="{anchor(claim["id"], dataset)}"></a>', f"## {claim['title']} ({dataset})", "",
                   f"- **Source:** {claim['source']}", f"- **The paper:** {claim['paper']}",
-                  f"- **Checked at:** {scale_text(claim, dataset)}", f"- **Verdict: {verdict}**", "",
+                  f"- **Checked at:** {scale_text(claim, dataset)}"]
+        code = code_text(arms)
+        stale = sum(a.stale for a in arms.values())
+        if code or stale:
+            lines.append(f"- **Code:** {code or 'no record'}" +
+                         (f" ({stale} older record{'s' if stale != 1 else ''} left out: made without "
+                          f"{require_commit[:7]})" if stale else ""))
+        lines += [f"- **Verdict: {verdict}**", "",
                   "| arm | seeds | ε spent (RDP / PRV) | " + " | ".join(metrics) + " |",
                   "|---|---|---|" + "---|" * len(metrics)]
         for a in arms.values():
@@ -424,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "CLAIMS.md"))
     ap.add_argument("--run", action="store_true", help="Run the cells without a complete record first.")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--require-commit", default=None, metavar="REV",
+                    help="Records made by code without git commit REV (a fix made since) count as missing: "
+                         "--run runs them again (the old directory kept as .stale-…), a render leaves them out.")
     ap.add_argument("--dataset", default=None,
                     help="Comma-separated datasets to run and render [default: every dataset of the file]; "
                          "the other datasets' blocks in --out are kept as they are.")
@@ -458,20 +503,25 @@ def main(argv: list[str] | None = None) -> int:
                             "would drop what it holds (render every dataset, or wrap it in its dataset's block)")
         arms = {(d, c["id"]): build_arms(spec, c, d) for d in datasets for c in claims if d in claim_datasets(spec, c)}
         seconds = None
+        required = store.resolve_commit(args.require_commit) if args.require_commit else None
         if args.run:
             cells = {cell.run_name: cell for by_name in arms.values() for a in by_name.values() for cell in a.cells}
             t = time.time()
-            counts = run_sweep(list(cells.values()), root, jobs=args.jobs)
+            counts = run_sweep(list(cells.values()), root, jobs=args.jobs, require_commit=required)
             seconds = time.time() - t
             print(f"claims: {counts['ran']} runs, {counts['done']} already complete, {counts['failed']} failed",
                   file=sys.stderr)
         for by_name in arms.values():
             for a in by_name.values():
-                read_arm(a, root)
+                read_arm(a, root, required)
+        stale = sum(a.stale for by_name in arms.values() for a in by_name.values())
+        if stale:
+            print(f"claims: {stale} records made without {args.require_commit} left out (--run runs them again)",
+                  file=sys.stderr)
         for d in datasets:
             covered = [c for c in claims if (d, c["id"]) in arms]
             block = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
-                                 previous=blocks.get(d, ""))
+                                 previous=blocks.get(d, ""), require_commit=required)
             blocks[d] = replace_sections(blocks[d], block, d, covered) if args.only and d in blocks else block
         with store.atomic_open(args.out, "w") as f:
             f.write(render(spec, blocks))

@@ -446,8 +446,11 @@ def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None
 @click.option("--address", default=None, help="Ray cluster address [default: start a local instance].")
 @click.option("--data-root", default=None, help="Root of local dataset files.")
 @click.option("--no-report", is_flag=True, help="Do not print the report at the end.")
+@click.option("--require-commit", "require_commit", default=None, metavar="REV",
+              help="Run again every complete cell whose record was made by code without git commit REV "
+                   "(a fix made since); the old run directory is kept as .stale-….")
 def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, eval_split, sets, results, engine, jobs,
-          address, data_root, no_report):
+          address, data_root, no_report, require_commit):
     """Run a grid of runs, skipping cells already complete, then print the report."""
     from .sweep import expand, run_sweep
 
@@ -461,9 +464,11 @@ def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, e
         raise UserError("--jobs must be ≥ 1")
     root = store.results_root(results)
     cells = expand(grid)
-    counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root)
-    log.info("sweep finished: %d ran, %d skipped (complete), %d failed", counts["ran"], counts["done"],
-             counts["failed"])
+    required = store.resolve_commit(require_commit) if require_commit else None
+    counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root,
+                       require_commit=required)
+    log.info("sweep finished: %d ran, %d skipped (complete), %d failed%s", counts["ran"], counts["done"],
+             counts["failed"], f" ({counts['stale']} of the runs replaced stale records)" if required else "")
     if not no_report:
         from .report import table as T
 

@@ -168,16 +168,70 @@ def new_run_id(method: str, dataset: str, epsilon: float, seed: int) -> str:
     return f"{method}-{dataset}-eps{eps}-s{seed}-{stamp}-{secrets.token_hex(2)}"
 
 
+# the checkout this package runs from: whose commit a record names (env.json), and where
+# ``require_commit`` asks git whether a record's commit contains a given one
+CODE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str, timeout: float = 5) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=CODE_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def git_commit() -> dict[str, Any]:
-    root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=5).stdout.strip())
+        commit = _git("rev-parse", "HEAD").stdout.strip()
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no").stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     return {"commit": commit or None, "dirty": dirty if commit else None}
+
+
+def resolve_commit(rev: str) -> str:
+    """The full hash of ``rev`` (a hash, tag, branch or ``HEAD~3``) in this package's checkout;
+    a one-line ``UserError`` when there is no checkout or no such commit."""
+    from .errors import UserError
+
+    try:
+        out = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UserError(f"cannot ask git about commit {rev!r}: {e}") from None
+    if out.returncode != 0 or not out.stdout.strip():
+        raise UserError(f"no commit {rev!r} in {CODE_ROOT} (a commit of this package's git checkout is needed)")
+    return out.stdout.strip()
+
+
+def record_commit(run_dir: Path) -> str | None:
+    """The git commit a run's ``env.json`` names (the code that made it); None if unknown."""
+    try:
+        commit = (read_json(run_dir / "env.json").get("git") or {}).get("commit")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return commit if isinstance(commit, str) and commit else None
+
+
+def commit_date(commit: str) -> str | None:
+    """The committer date of ``commit`` (ISO 8601), or None when this checkout lacks it."""
+    try:
+        out = _git("show", "-s", "--format=%cI", commit)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def made_after(run_dir: Path, commit: str) -> bool:
+    """Whether the record in ``run_dir`` was made by code that contains ``commit`` (a full
+    hash: ``resolve_commit``): its ``env.json`` commit is ``commit`` or a descendant of it.
+    False when that cannot be shown: no commit recorded, or one this checkout does not
+    have (made from another clone); a record's uncommitted changes are not looked at."""
+    made = record_commit(run_dir)
+    if made is None:
+        return False
+    if made == commit:
+        return True
+    try:
+        return _git("merge-base", "--is-ancestor", commit, made).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def environment(device: str) -> dict[str, Any]:

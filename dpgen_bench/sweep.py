@@ -243,17 +243,30 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
 
 
 def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,
-              data_root: str | None = None) -> dict[str, int]:
+              data_root: str | None = None, require_commit: str | None = None) -> dict[str, int]:
+    """Run every cell without a complete record under ``root``; return the counts (done,
+    partial, todo, stale, failed, ran, resumed). ``require_commit`` (a full hash:
+    ``store.resolve_commit``): a complete record made by code without that commit (a fix
+    made since: ``store.made_after``) is *stale*: its directory is renamed
+    ``.stale-<run>-<time>`` (kept, out of the report's sight) and the cell runs again."""
     root.mkdir(parents=True, exist_ok=True)
     todo, resumable = [], set()
-    counts = {"done": 0, "partial": 0, "todo": 0, "failed": 0, "ran": 0, "resumed": 0}
+    counts = {"done": 0, "partial": 0, "todo": 0, "stale": 0, "failed": 0, "ran": 0, "resumed": 0}
     for cell in cells:
         st = status(cell, root)
+        if st == "done" and require_commit and not store.made_after(root / cell.run_name, require_commit):
+            made = store.record_commit(root / cell.run_name)
+            log.info("%s: made at %s, without %s: running it again", cell.run_name,
+                     made[:12] if made else "an unknown commit", require_commit[:12])
+            (root / cell.run_name).rename(root / f".stale-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            st = "stale"
         counts[st] += 1
         if st == "done":
             continue
         if st == "partial":
-            if _has_checkpoint(root / cell.run_name):
+            # a checkpoint of code without the required commit is not resumed: the run would mix both
+            if _has_checkpoint(root / cell.run_name) and (
+                    not require_commit or store.made_after(root / cell.run_name, require_commit)):
                 resumable.add(cell.run_name)
             else:  # keep the evidence, out of the report's sight
                 (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -261,8 +274,9 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
     counts["resumed"] = len(resumable)
     if engine == "ray" or jobs > 1:
         todo = longest_first(todo)
-    log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint)",
-             len(cells), counts["done"], len(todo), counts["partial"], len(resumable))
+    log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint%s)",
+             len(cells), counts["done"], len(todo), counts["partial"], len(resumable),
+             f"; {counts['stale']} stale, made before {require_commit[:12]}" if require_commit else "")
     args = [(c, c.config.to_json(), str(root / c.run_name), c.run_name in resumable) for c in todo]
 
     def finished(cell, out=None, err=None):
