@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zipfile
 from pathlib import Path
 
@@ -280,30 +281,61 @@ def roc_curves(long: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
+TRAINING_KEYS = ("d_loss", "g_loss", "n_d", "d_fake_acc_ema", "d_fake_acc")
+
+
+def _read_training_log(run_dir: str) -> pd.DataFrame | None:
+    f = Path(run_dir) / "train.jsonl"
+    if not f.is_file():
+        return None
+    lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    return pd.DataFrame(lines) if lines else None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")
+
+
 def training_curves(long: pd.DataFrame, out: Path) -> list[Path]:
+    """One figure per configuration (dataset, method with its settings, ε, members): a panel
+    per logged quantity, one line per seed. Named ``<dataset>-eps<ε>-<method>[-m<members>]-training``
+    (a suffix ``-2``, ``-3`` … where two configurations would share a name). A figure per run
+    cost ~1 s each (png and pdf): minutes for a report over a sweep's hundreds of runs, and a
+    reader compares a configuration's seeds in one panel anyway."""
     plt = _plt()
-    paths = []
-    for run_id, run_dir in long[["run_id", "run_dir"]].drop_duplicates("run_dir").itertuples(index=False):
-        f = Path(run_dir) / "train.jsonl"
-        if not f.is_file():
+    paths, used = [], set()
+    runs = long.drop_duplicates("run_dir").copy()
+    runs["members_key"] = runs["members"].fillna(-1) if "members" in runs else -1
+    runs["variant_key"] = runs["variant"].fillna("") if "variant" in runs else ""
+    runs["seed_key"] = runs["seed"].fillna(-1) if "seed" in runs else -1
+    keys = ["dataset", "method", "eps_target", "members_key", "variant_key"]
+    for (dataset, method, eps, members, _), g in runs.groupby(keys, sort=True, dropna=False):
+        logs = [(r.seed_key, r.run_id, df) for r in g.sort_values("seed_key").itertuples()
+                if (df := _read_training_log(r.run_dir)) is not None]
+        quantities = [k for k in TRAINING_KEYS if any(k in df and df[k].notna().any() for _, _, df in logs)]
+        if not quantities:
             continue
-        lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        if not lines:
-            continue
-        df = pd.DataFrame(lines)
-        x = "d_step" if "d_step" in df else df.columns[0]
-        keys = [k for k in ("d_loss", "g_loss", "n_d", "d_fake_acc_ema", "d_fake_acc") if k in df and df[k].notna().any()]
-        if not keys:
-            continue
-        fig, axes = _figure(plt, len(keys), figsize=(3 * len(keys), 2.8))
-        for ax, k in zip(axes[0], keys):
-            ax.plot(df[x], df[k])
-            ax.set_xlabel(x)
+        fig, axes = _figure(plt, len(quantities), figsize=(3 * len(quantities), 2.8))
+        for ax, k in zip(axes[0], quantities):
+            for seed, run_id, df in logs:
+                if k in df:
+                    x = "d_step" if "d_step" in df else df.columns[0]
+                    ax.plot(df[x], df[k], lw=1, label=f"seed {seed:g}" if seed >= 0 else run_id)
+            ax.set_xlabel("d_step" if all("d_step" in df for _, _, df in logs) else "step")
             ax.set_title(k, fontsize=9)
             if k == "n_d":
                 ax.set_yscale("log")
-        fig.suptitle(run_id, fontsize=8)
-        paths += _save(fig, out, f"{run_id}-training")
+        if len(logs) > 1:
+            axes[0][0].legend(fontsize=6)
+        eps_text = "∞" if not math.isfinite(eps) else f"{eps:g}"
+        member_text = f", {members:g} members" if members >= 0 else ""
+        fig.suptitle(f"{method}: {dataset}, ε = {eps_text}{member_text}", fontsize=8)
+        name = _slug(f"{dataset}-eps{eps_text.replace('∞', 'inf')}-{method}" + (f"-m{members:g}" if members >= 0 else ""))
+        base, i = name, 2
+        while name in used:
+            name, i = f"{base}-{i}", i + 1
+        used.add(name)
+        paths += _save(fig, out, f"{name}-training")
     return paths
 
 

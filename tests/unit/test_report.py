@@ -3,6 +3,7 @@
 import math
 import time
 
+import pandas as pd
 import pytest
 
 from dpgen_bench.cli import cli
@@ -89,9 +90,11 @@ def test_figures(tmp_path, cli_runner):
         if (d / "eval.json").exists():
             np.savez(d / "samples.npz", images=np.zeros((20, 1, 16, 16), np.float32),
                      labels=np.repeat(np.arange(10), 2).astype(np.int64))
-    # one run with a training log: a figure per logged run costs ~1 s (png and pdf)
-    logged = next(d for d in sorted(root.iterdir()) if (d / "eval.json").exists())
-    (logged / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.7, "n_d": 1}) + "\n")
+    # two seeds of one configuration with a training log: one figure, a line per seed (a
+    # figure costs ~1 s: png and pdf)
+    for seed in (0, 1):
+        (root / f"dpaf-digits-eps1-s{seed}" / "train.jsonl").write_text(
+            json.dumps({"d_step": 1, "d_loss": 0.7, "n_d": 1}) + "\n" + json.dumps({"d_step": 2, "d_loss": 0.6}) + "\n")
     ev = json.loads((root / "gan-digits-m64-s0" / "eval.json").read_text())
     ev["protocol"]["mia_auc_full_black_box"] = {"roc": {"fpr": [0, 0.5, 1], "tpr": [0, 0.9, 1]}}
     (root / "gan-digits-m64-s0" / "eval.json").write_text(json.dumps(ev))
@@ -100,8 +103,7 @@ def test_figures(tmp_path, cli_runner):
     names = {p.name for p in (tmp_path / "fig").iterdir()}
     assert {"digits-gen2real_cnn-vs-eps.png", "digits-gen2real_cnn-vs-eps.pdf", "digits-eps1-samples.png",
              "digits-mia_auc_full_black_box-roc.png"} <= names
-    run_id = json.loads((logged / "config.json").read_text())["run_id"]
-    assert [n for n in names if n.endswith("-training.png")] == [f"{run_id}-training.png"]
+    assert [n for n in names if n.endswith("-training.png")] == ["digits-eps1-dpaf-training.png"]
 
 
 def test_report_of_a_thousand_records_renders(tmp_path):
@@ -273,9 +275,12 @@ def test_figures_read_the_run_directory_and_titles_do_not_overlap(tmp_path, monk
         d.rename(root / f"moved-{d.name}")
     long, _ = T.collect(root)
     F.sample_grids(long, tmp_path)
-    F.training_curves(long[long["run_id"] == "dpgan-digits-eps1-s0"], tmp_path)
+    F.training_curves(long[long["run_id"].str.startswith("dpgan-digits-eps1-s")], tmp_path)
     names = [name for name, _ in figs]
-    assert {"digits-eps1-samples", "digits-eps10-samples", "dpgan-digits-eps1-s0-training"} <= set(names)
+    assert {"digits-eps1-samples", "digits-eps10-samples", "digits-eps1-dpgan-training"} <= set(names)
+    training = dict(figs)["digits-eps1-dpgan-training"]
+    # the three seeds of the configuration in each panel, one line each
+    assert [len(ax.get_lines()) for ax in training.axes] == [3, 3, 3]
     for name, fig in figs:
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
@@ -289,3 +294,21 @@ def test_reference_rows_leave_out_the_inception_score():
 
     assert "is" in NOT_COMPUTED and ",is," in PATH.read_text()  # the papers' numbers stay in the data file
     assert "is" not in set(load_references()["metric"])
+
+
+def test_training_figures_of_configurations_whose_names_collide_are_both_kept(tmp_path, monkeypatch):
+    import json
+
+    from dpgen_bench.report import figures as F
+
+    figs = []
+    monkeypatch.setattr(F, "_save", lambda fig, out, name: figs.append(name) or [])
+    rows = []
+    for i, label in enumerate(["dpgan [lr=1/2]", "dpgan [lr=1:2]"]):  # both slug to dpgan_lr=1_2
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        (d / "train.jsonl").write_text(json.dumps({"d_step": 1, "d_loss": 0.5}) + "\n")
+        rows.append({"run_id": f"r{i}", "run_dir": str(d), "dataset": "digits", "method": label,
+                     "eps_target": math.inf, "members": None, "variant": label, "seed": 0})
+    F.training_curves(pd.DataFrame(rows), tmp_path)
+    assert sorted(figs) == ["digits-epsinf-dpgan_lr=1_2-2-training", "digits-epsinf-dpgan_lr=1_2-training"]
