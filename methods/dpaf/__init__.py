@@ -141,7 +141,9 @@ networks as a plain non-private conditional GAN and switching one element of DPA
    ``nets.Generator``'s default (``g_activation=relu g_batchnorm=true g_label=embedding``
    gives the old one). In the pipeline it lifts the no-noise quick preset on mnist-5k from
    0.233 ± 0.037 to 0.367 ± 0.091 gen2real CNN (test split, 3 seeds), and with ``mu=1`` and
-   learning rates 1e-3 to 0.495 ± 0.051 (the old G: 0.26 on the validation part).
+   learning rates 1e-3 to 0.495 ± 0.051 (the old G: 0.26 on the validation part). On digits
+   the change is within seed noise (test: old 0.407, new 0.237; validation: old 0.307, new
+   0.417; 3 seeds each): both generators collapse there through the second cause.
 2. **The method's phase-2 discriminator.** With the fixed G, the pipeline's samples are still
    one per class (spread 0.015-0.07): phase 2 trains only conv2* and the head, on top of the
    frozen, transferred conv1, and the head sees one aggregate per side and step. In the
