@@ -310,7 +310,9 @@ def _first_line(obj) -> str:
 @click.option("--out", default=None, help="Write the table to this file instead of stdout.")
 @click.option("--with-references", is_flag=True, help="Add the papers' published numbers as '(paper)' rows.")
 @click.option("--figures", default=None, help="Also write figures (PNG and PDF) into this directory.")
-def report(results, layout, metrics, dataset, eps, fmt, out, with_references, figures):
+@click.option("--require-commit", "require_commit", default=None, metavar="REV",
+              help="Leave out the runs made by code without git commit REV (a fix made since).")
+def report(results, layout, metrics, dataset, eps, fmt, out, with_references, figures, require_commit):
     """Comparison tables of the completed runs, in the papers' layouts."""
     import pandas as pd
 
@@ -324,11 +326,19 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
             raise UserError(f"--out {out} is a directory; give a file name")
     if figures:
         _check_writable(Path(figures), f"--figures {figures}")
+    required = store.resolve_commit(require_commit) if require_commit else None
     long, skipped = T.collect(root)
     if skipped:
         log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, root)
+    if required and not long.empty:
+        fresh = {d: store.made_after(Path(d), required) for d in long["run_dir"].unique()}
+        stale = sum(not ok for ok in fresh.values())
+        if stale:
+            log.warning("left out %d run(s) made by code without %s (bench sweep --require-commit runs them "
+                        "again)", stale, require_commit)
+        long = long[long["run_dir"].map(fresh)]
     if long.empty:
-        raise UserError(f"no completed runs under {root}")
+        raise UserError(f"no completed runs under {root}" + (f" made by code with {require_commit}" if required else ""))
     full = long
     if with_references:
         from .report.references import load_references

@@ -8,6 +8,7 @@ never leaves a half-written file that a reader would accept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -224,8 +225,13 @@ def made_after(run_dir: Path, commit: str) -> bool:
     False when that cannot be shown: no commit recorded, or one this checkout does not
     have (made from another clone); a record's uncommitted changes are not looked at."""
     made = record_commit(run_dir)
-    if made is None:
-        return False
+    return made is not None and _contains(made, commit, str(CODE_ROOT))
+
+
+@functools.lru_cache(maxsize=4096)
+def _contains(made: str, commit: str, code_root: str) -> bool:
+    """Whether commit ``made`` has ``commit`` in its history (one git call per pair: a report
+    over a thousand records made at a few commits asks git a few times)."""
     if made == commit:
         return True
     try:

@@ -154,3 +154,20 @@ def test_claims_names_the_code_of_each_section_and_leaves_out_stale_records(chec
         claims.read_arm(a, tmp_path)
         assert a.stale == 0 and len(a.eps) == 3
     assert f"{n} runs at {checkout['old'][:7]}" in claims.code_text(fresh)
+
+
+def test_report_leaves_out_the_runs_made_before_the_fix(checkout, cli_runner, results):
+    res = cli_runner.invoke(cli, ["sweep", "--method", "dummy", "--eps", "1,10", "--preset", "tiny", "--no-report"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    old, new = sorted(results.iterdir())
+    _made_at(old, checkout["old"])
+    res = cli_runner.invoke(cli, ["report", "--layout", "runs"])
+    assert res.exit_code == 0 and res.stdout.count("| dummy") == 2
+    res = cli_runner.invoke(cli, ["report", "--layout", "runs", "--require-commit", "HEAD~1"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "eps1-" in old.name and "eps10-" in new.name
+    assert res.stdout.count("| dummy") == 1 and "| dummy | digits | tiny | 0 | 10 |" in res.stdout
+    assert "left out 1 run(s) made by code without HEAD~1" in res.stderr
+    _made_at(new, checkout["old"])
+    res = cli_runner.invoke(cli, ["report", "--require-commit", "HEAD~1"])
+    assert res.exit_code == 2 and "no completed runs under" in res.stderr and "made by code with HEAD~1" in res.stderr
