@@ -332,7 +332,9 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
     for claim in claims:
         arms = arms_by_claim[claim["id"]]
         kept = old_section(previous, claim["id"], dataset)
-        if kept is not None and not _fewer_here(kept, arms):
+        # fewer runs here than the section showed: keep it, unless the missing ones are records
+        # this machine holds but --require-commit left out (their numbers are what must go)
+        if kept is not None and (not _fewer_here(kept, arms) or any(a.stale for a in arms.values())):
             kept = None
         if kept is not None:
             if KEPT_NOTE not in kept:

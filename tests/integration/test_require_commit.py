@@ -124,6 +124,13 @@ def _claims_module():
     return mod
 
 
+def _all_read(claims, spec, claim, root):
+    arms = claims.build_arms(spec, claim, "digits")
+    for a in arms.values():
+        claims.read_arm(a, root)
+    return arms
+
+
 def test_claims_names_the_code_of_each_section_and_leaves_out_stale_records(checkout, tmp_path):
     claims = _claims_module()
     spec = claims.load_claims(ROOT / "benchmarks" / "claims.yaml")
@@ -148,11 +155,16 @@ def test_claims_names_the_code_of_each_section_and_leaves_out_stale_records(chec
     assert f"- **Code:** {n} runs at {later} (2026-11-03); {n} runs at {fix} (2026-11-02) (" in block
     assert f"({n} older records left out: made without {fix})" in block
     assert f"| {next(iter(arms))} | 2/3 |" in block
+    # a section rendered before from all three records is re-rendered, not kept: the records
+    # left out are here, and stale
+    before = claims.render_block(spec, "digits", [claim], {claim["id"]: _all_read(claims, spec, claim, tmp_path)}, None)
+    assert f"| {next(iter(arms))} | 3/3 |" in before
+    again = claims.render_block(spec, "digits", [claim], {claim["id"]: arms}, None, previous=before,
+                                require_commit=checkout["fix"])
+    assert again == block and claims.KEPT_NOTE not in again
     # without the requirement every record counts, and the oldest commit is named too
-    fresh = claims.build_arms(spec, claim, "digits")
-    for a in fresh.values():
-        claims.read_arm(a, tmp_path)
-        assert a.stale == 0 and len(a.eps) == 3
+    fresh = _all_read(claims, spec, claim, tmp_path)
+    assert all(a.stale == 0 and len(a.eps) == 3 for a in fresh.values())
     assert f"{n} runs at {checkout['old'][:7]}" in claims.code_text(fresh)
 
 
