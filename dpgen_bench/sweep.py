@@ -276,7 +276,7 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         todo = longest_first(todo)
     log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint%s)",
              len(cells), counts["done"], len(todo), counts["partial"], len(resumable),
-             f"; {counts['stale']} stale, made before {require_commit[:12]}" if require_commit else "")
+             f"; {counts['stale']} stale: made without {require_commit[:12]}" if require_commit else "")
     args = [(c, c.config.to_json(), str(root / c.run_name), c.run_name in resumable) for c in todo]
 
     def finished(cell, out=None, err=None):
