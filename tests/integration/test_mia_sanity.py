@@ -8,21 +8,34 @@ seeds (benchmarks/CLAIMS.md) the control is 0.915 ± 0.040, so one run is held t
 claim's 0.9 is for the three-seed mean) and to a 0.25 lead over dpgan: an attack that
 scored members and non-members alike would give both ≈ 0.5 and fail either check. The quick preset does not memorise 64
 digits (0.62-0.71 up to 12K steps: D wins, G never copies), and the same setting at 3K steps
-gave 0.93 / 0.90 for seeds 0 / 1, hence 5K."""
+gave 0.93 / 0.90 for seeds 0 / 1, hence 5K.
+
+"Not detected" is held to the chance band of this attack size: with 64 members and 64
+non-members scored alike, one run's AUC has standard deviation √((64+64+1)/(12·64·64)) ≈
+0.051 (Hanley & McNeil 1982, under AUC = 0.5), and the test allows three of them (0.154).
+It was ±0.1 (≈ 2 sd, a 5 % chance of failing a run that leaks nothing): the dpgan run moved
+from 0.58 to 0.612 after bit-level changes to fast clipping (2026-11-27; same seed, same σ),
+which is a redraw, not a leak (seeds 1 / 2 the same day: 0.455 / 0.452, white-box 0.450 /
+0.438): ε = 1 allows an attack AUC up to ≈ 0.73 (the area under the
+ε-DP trade-off curve), and the quick GAN without noise already scores 0.62-0.71 (above).
+This test tells the memorising control from a private run; `bench audit` measures ε."""
 
 import json
+import math
 
 import pytest
 
 from dpgen_bench.cli import cli
 
 pytestmark = pytest.mark.slow
+MEMBERS = 64  # and as many held-out non-members
+NULL_SD = math.sqrt((2 * MEMBERS + 1) / (12 * MEMBERS**2))  # sd of an AUC of 0.5 at this size: 0.051
 ATTACKS = ",".join(f"mia_auc_{a}{c}" for a in ("full_black_box", "partial_black_box", "white_box")
                    for c in ("", "_calibrated"))
 
 
 def _auc(cli_runner, results, *args):
-    res = cli_runner.invoke(cli, ["run", *args, "--dataset", "digits", "--members", "64", "--eval", ATTACKS])
+    res = cli_runner.invoke(cli, ["run", *args, "--dataset", "digits", "--members", str(MEMBERS), "--eval", ATTACKS])
     assert res.exit_code == 0, (res.output, res.stderr, res.exception)
     (d,) = [p for p in results.iterdir() if p.is_dir() and p.name.startswith(args[1])]
     return json.loads((d / "eval.json").read_text())["metrics"]
@@ -33,7 +46,7 @@ def test_memorising_gan_is_detected_and_dpgan_is_not(cli_runner, results, monkey
     gan = _auc(cli_runner, results, "--method", "gan", "--preset", "memorise")
     assert gan["mia_auc_full_black_box"] >= 0.8
     dpgan = _auc(cli_runner, results, "--method", "dpgan", "--eps", "1", "--preset", "quick")
-    assert abs(dpgan["mia_auc_full_black_box"] - 0.5) <= 0.1
-    assert abs(dpgan["mia_auc_white_box"] - 0.5) <= 0.15
+    assert abs(dpgan["mia_auc_full_black_box"] - 0.5) <= 3 * NULL_SD
+    assert abs(dpgan["mia_auc_white_box"] - 0.5) <= 3 * NULL_SD
     assert gan["mia_auc_full_black_box"] - dpgan["mia_auc_full_black_box"] >= 0.25
     print(f"\ngan (memorise preset, 64 members): {gan}\ndpgan (eps=1, 64 members): {dpgan}")  # noqa: T201 - for the note
