@@ -146,21 +146,22 @@ def read_arm(arm: Arm, root: Path, require_commit: str | None = None) -> None:
         rec = store.load_record(root / cell.run_name)
         if rec is None:
             continue
-        if require_commit and not store.made_after(root / cell.run_name, require_commit):
+        try:
+            env = store.read_json(root / cell.run_name / "env.json")
+        except (OSError, ValueError):
+            env = None
+        commit = store.env_commit(env)
+        if require_commit and not store.commit_contains(commit, require_commit):
             arm.stale += 1
             continue
-        arm.commits.append(store.record_commit(root / cell.run_name))
+        arm.commits.append(commit)
         for metric, value in rec["eval"].get("metrics", {}).items():
             arm.values.setdefault(metric, []).append(float(value))
         eps = rec["privacy"]["epsilon"]
         arm.eps.append((float(eps["rdp"]), float(eps["prv"])))
         arm.caveat = arm.caveat or rec["privacy"].get("caveat")
-        try:
-            env = store.read_json(root / cell.run_name / "env.json")
-            arm.machines.append(f"{env.get('cpu_count')} CPUs, torch {env.get('packages', {}).get('torch')}, "
-                                f"{env.get('device', {}).get('name', '?')}")
-        except (OSError, ValueError):
-            arm.machines.append("unknown machine")
+        arm.machines.append(f"{env.get('cpu_count')} CPUs, torch {env.get('packages', {}).get('torch')}, "
+                            f"{env.get('device', {}).get('name', '?')}" if isinstance(env, dict) else "unknown machine")
 
 
 def code_text(arms: dict[str, Arm]) -> str:

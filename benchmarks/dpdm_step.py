@@ -111,7 +111,6 @@ def main() -> None:
     if device.type == "cuda":
         # the timing loop holds every mode's model at once: its peak is the largest of them
         # plus the others' weights. Each mode's own peak: one chunk alone, after the others freed
-        del builders
         out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         for r in rows:
             if r["step_s"] is None:

@@ -201,13 +201,19 @@ def resolve_commit(rev: str) -> str:
     return out.stdout.strip()
 
 
-def record_commit(run_dir: Path) -> str | None:
-    """The git commit a run's ``env.json`` names (the code that made it); None if unknown."""
-    try:
-        commit = (read_json(run_dir / "env.json").get("git") or {}).get("commit")
-    except (OSError, ValueError, AttributeError):
-        return None
+def env_commit(env: Any) -> str | None:
+    """The git commit an ``env.json`` (as read) names: the code that made the run; None if unknown."""
+    git = env.get("git") if isinstance(env, dict) else None
+    commit = git.get("commit") if isinstance(git, dict) else None
     return commit if isinstance(commit, str) and commit else None
+
+
+def record_commit(run_dir: Path) -> str | None:
+    """The git commit a run's ``env.json`` names (``env_commit``); None if unknown or unreadable."""
+    try:
+        return env_commit(read_json(run_dir / "env.json"))
+    except (OSError, ValueError):
+        return None
 
 
 def commit_date(commit: str) -> str | None:
@@ -224,14 +230,19 @@ def made_after(run_dir: Path, commit: str) -> bool:
     hash: ``resolve_commit``): its ``env.json`` commit is ``commit`` or a descendant of it.
     False when that cannot be shown: no commit recorded, or one this checkout does not
     have (made from another clone); a record's uncommitted changes are not looked at."""
-    made = record_commit(run_dir)
+    return commit_contains(record_commit(run_dir), commit)
+
+
+def commit_contains(made: str | None, commit: str) -> bool:
+    """Whether commit ``made`` (a record's: ``env_commit``) has ``commit`` in its history;
+    False for an unknown ``made`` (None) or one this checkout lacks."""
     return made is not None and _contains(made, commit, str(CODE_ROOT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _contains(made: str, commit: str, code_root: str) -> bool:
-    """Whether commit ``made`` has ``commit`` in its history (one git call per pair: a report
-    over a thousand records made at a few commits asks git a few times)."""
+    """``commit_contains`` for a known ``made``: one git call per pair (a report over a
+    thousand records made at a few commits asks git a few times)."""
     if made == commit:
         return True
     try:

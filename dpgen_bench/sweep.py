@@ -254,8 +254,8 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
     counts = {"done": 0, "partial": 0, "todo": 0, "stale": 0, "failed": 0, "ran": 0, "resumed": 0}
     for cell in cells:
         st = status(cell, root)
-        if st == "done" and require_commit and not store.made_after(root / cell.run_name, require_commit):
-            made = store.record_commit(root / cell.run_name)
+        made = store.record_commit(root / cell.run_name) if require_commit and st != "todo" else None
+        if st == "done" and require_commit and not store.commit_contains(made, require_commit):
             log.info("%s: made at %s, without %s: running it again", cell.run_name,
                      made[:12] if made else "an unknown commit", require_commit[:12])
             (root / cell.run_name).rename(root / f".stale-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -266,7 +266,7 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         if st == "partial":
             # a checkpoint of code without the required commit is not resumed: the run would mix both
             if _has_checkpoint(root / cell.run_name) and (
-                    not require_commit or store.made_after(root / cell.run_name, require_commit)):
+                    not require_commit or store.commit_contains(made, require_commit)):
                 resumable.add(cell.run_name)
             else:  # keep the evidence, out of the report's sight
                 (root / cell.run_name).rename(root / f".failed-{cell.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")

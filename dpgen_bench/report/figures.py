@@ -305,9 +305,9 @@ def training_curves(long: pd.DataFrame, out: Path) -> list[Path]:
     plt = _plt()
     paths, used = [], set()
     runs = long.drop_duplicates("run_dir").copy()
-    runs["members_key"] = runs["members"].fillna(-1) if "members" in runs else -1
-    runs["variant_key"] = runs["variant"].fillna("") if "variant" in runs else ""
-    runs["seed_key"] = runs["seed"].fillna(-1) if "seed" in runs else -1
+    runs["members_key"] = runs["members"].fillna(-1)  # groupby would drop the NaN / None keys
+    runs["variant_key"] = runs["variant"].fillna("")
+    runs["seed_key"] = runs["seed"].fillna(-1)
     keys = ["dataset", "method", "eps_target", "members_key", "variant_key"]
     for (dataset, method, eps, members, _), g in runs.groupby(keys, sort=True, dropna=False):
         logs = [(r.seed_key, r.run_id, df) for r in g.sort_values("seed_key").itertuples()
