@@ -206,7 +206,8 @@ class DPGAN(Method):
             # mnist-5k: the levers the quick preset's search found (benchmarks/presets.md): many
             # generator steps (n_D = 1, T = 6,000) and the width-32 nets, with the samples drawn
             # from G's weight average (β = 0.999): val 0.512 / 0.605 / 0.472 (seeds 0 / 1 / 2;
-            # 0.455 / 0.447 / 0.358 without the average); test 0.496 ± 0.017 (3 seeds, CLAIMS.md).
+            # 0.455 / 0.447 / 0.358 without the average); test 0.496 ± 0.017 (3 seeds, 2026-11-25),
+            # 0.428 ± 0.101 with the code of 2026-11-27 (CLAIMS.md: bit-level changes to clipping redrew the seeds).
             # About 6 minutes alone on one core, 11 two to a 2-core machine.
             "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, g_ema=0.999, samples_per_class=100),
