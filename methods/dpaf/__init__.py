@@ -127,11 +127,12 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
 
 Why DPAF without noise stayed below a GAN of its size (issue 29; the runs behind every number
 are in benchmarks/presets.md, "DPAF's collapse, located" and "DPAF's discriminator settings").
-Until 2026-11-27 every no-noise run of this pipeline drew **one image per class whatever z** (the pixel-wise spread within a class,
-``benchmarks/dpaf_gap.py``: 0.02-0.04 against the real images' 0.31 on mnist-5k and 0.25 on
-digits; the non-private ``gan`` keeps 0.25 / 0.15). Two causes, found by training DPAF's own
-networks as a plain non-private conditional GAN and switching one element of DPAF at a time
-(``benchmarks/dpaf_collapse.py``, mnist-5k, 3 seeds each):
+Until 2026-11-27 every no-noise run of this pipeline drew **one image per class whatever z**
+(the pixel-wise spread within a class, ``benchmarks/dpaf_gap.py``: 0.02-0.04 against the real
+images' 0.31 on mnist-5k and 0.25 on digits; the non-private ``gan`` keeps 0.25 / 0.15). Two
+causes, found by training DPAF's own networks as a plain non-private conditional GAN and
+switching one element of DPAF at a time (``benchmarks/dpaf_collapse.py``, mnist-5k, 3 seeds
+each):
 
 1. **Our generator (fixed 2026-11-26).** The paper leaves G open ("cDCGAN", the reverse of
    D); this class used DCGAN's textbook G (BatchNorm + ReLU, a learned label embedding).

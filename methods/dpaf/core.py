@@ -142,8 +142,8 @@ class DPAF(Method):
             # ε = 10 either way (0.096 vs 0.102, 3 seeds); without noise these settings reach
             # 0.666 against 0.517 with the digits settings (μ = 8, n_critic = 1, 2e-4), and G keeps z
             # (within-class spread 0.19-0.25, real 0.31) where the digits settings collapse it
-            # (0.04-0.06). Not on digits: there they fall to 0.15 without noise (its own settings 0.42). The docstring's no-noise gap;
-            # benchmarks/presets.md.
+            # (0.04-0.06). Not on digits: there they fall to 0.15 without noise (its own settings
+            # 0.42). The docstring's no-noise gap; benchmarks/presets.md.
             "mnist-5k": dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3),
         },
         "tiny": {  # tests only: seconds
