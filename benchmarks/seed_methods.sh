@@ -13,24 +13,23 @@ cd "$(dirname "$0")/.."
 BENCH=${BENCH:-.venv/bin/bench}
 OUT=${OUT:-results/claims}
 JOBS=${JOBS:-2}
-common=(--dataset mnist-5k --preset quick --seeds 0,1,2 --eval gen2real_cnn,real2gen_cnn --jobs "$JOBS"
-        --results "$OUT" --no-report)
-"$BENCH" sweep --method dpaf,gswgan,dpac,dpgan,dpmean,dpmerf,dpsinkhorn,gan --eps 10 "${common[@]}"
-printf 'noise_off: true\nmethod: [dpaf, gswgan, dpac, dpgan]\neps: [10]\n' > "$OUT.noise_off.yaml"
-"$BENCH" sweep "$OUT.noise_off.yaml" "${common[@]}"
-"$BENCH" sweep --method dpaf,gswgan,dpac,dpmean,dpmerf --eps 1,100,1000 "${common[@]}"
+# The three grids, written once: the sweeps run them, and the figure's links are their cells.
+grid() { printf 'dataset: mnist-5k\npreset: quick\nseeds: [0, 1, 2]\neval: [gen2real_cnn, real2gen_cnn]\n%s\n' "$2" \
+           > "$OUT.$1.yaml"; echo "$OUT.$1.yaml"; }
+grids=("$(grid eps10 $'method: [dpaf, gswgan, dpac, dpgan, dpmean, dpmerf, dpsinkhorn, gan]\neps: [10]')"
+       "$(grid noise_off $'noise_off: true\nmethod: [dpaf, gswgan, dpac, dpgan]\neps: [10]')"
+       "$(grid eps_more $'method: [dpaf, gswgan, dpac, dpmean, dpmerf]\neps: [1, 100, 1000]')")
+for g in "${grids[@]}"; do
+    "$BENCH" sweep "$g" --jobs "$JOBS" --results "$OUT" --no-report
+done
 # the figures from this script's cells alone
-.venv/bin/python - "$OUT" <<'PY'
+.venv/bin/python - "$OUT" "${grids[@]}" <<'PY'
 import os, sys
-sys.path.insert(0, "benchmarks")
-import claims
+from dpgen_bench.config import load_config_file
+from dpgen_bench.sweep import expand
 out = os.path.abspath(sys.argv[1]); links = out + ".curve"
-base = dict(dataset="mnist-5k", preset="quick", seeds=[0, 1, 2], eval=["gen2real_cnn", "real2gen_cnn"])
-grids = [dict(base, method=["dpaf", "gswgan", "dpac", "dpgan", "dpmean", "dpmerf", "dpsinkhorn", "gan"], eps=[10]),
-         dict(base, method=["dpaf", "gswgan", "dpac", "dpgan"], eps=[10], noise_off=True),
-         dict(base, method=["dpaf", "gswgan", "dpac", "dpmean", "dpmerf"], eps=[1, 100, 1000])]
 os.makedirs(links, exist_ok=True)
-for cell in (c for g in grids for c in claims.expand(g)):
+for cell in (c for g in sys.argv[2:] for c in expand(load_config_file(g))):
     if not os.path.lexists(os.path.join(links, cell.run_name)):
         os.symlink(os.path.join(out, cell.run_name), os.path.join(links, cell.run_name))
 PY
