@@ -29,8 +29,12 @@ from dpgen_bench.config import load_config_file
 from dpgen_bench.sweep import expand
 out = os.path.abspath(sys.argv[1]); links = out + ".curve"
 os.makedirs(links, exist_ok=True)
-for cell in (c for g in sys.argv[2:] for c in expand(load_config_file(g))):
-    if not os.path.lexists(os.path.join(links, cell.run_name)):
-        os.symlink(os.path.join(out, cell.run_name), os.path.join(links, cell.run_name))
+names = {c.run_name for g in sys.argv[2:] for c in expand(load_config_file(g))}
+for name in os.listdir(links):  # cells of earlier presets (their run names hash the settings) leave the figure
+    if name not in names and os.path.islink(os.path.join(links, name)):
+        os.remove(os.path.join(links, name))
+for name in names:
+    if not os.path.lexists(os.path.join(links, name)):
+        os.symlink(os.path.join(out, name), os.path.join(links, name))
 PY
 "$BENCH" report --results "$OUT.curve" --layout a --dataset mnist-5k --figures "$OUT.curve.figures"
