@@ -29,12 +29,10 @@ from dpgen_bench.config import load_config_file
 from dpgen_bench.sweep import expand
 out = os.path.abspath(sys.argv[1]); links = out + ".curve"
 os.makedirs(links, exist_ok=True)
-names = {c.run_name for g in sys.argv[2:] for c in expand(load_config_file(g))}
-for name in os.listdir(links):  # cells of earlier presets (their run names hash the settings) leave the figure
-    if name not in names and os.path.islink(os.path.join(links, name)):
+for name in os.listdir(links):  # rebuilt: cells of earlier presets (run names hash the settings) leave
+    if os.path.islink(os.path.join(links, name)):
         os.remove(os.path.join(links, name))
-for name in names:
-    if not os.path.lexists(os.path.join(links, name)):
-        os.symlink(os.path.join(out, name), os.path.join(links, name))
+for name in {c.run_name for g in sys.argv[2:] for c in expand(load_config_file(g))}:
+    os.symlink(os.path.join(out, name), os.path.join(links, name))
 PY
 "$BENCH" report --results "$OUT.curve" --layout a --dataset mnist-5k --figures "$OUT.curve.figures"
