@@ -189,7 +189,10 @@ class DPGAN(Method):
             # (d = 128, latent 128) reaches 0.577 on the test split (seed 0, CPU, 32 min on one
             # thread; 0.565 / 0.436 on an H100 in ~20 s; val 0.455 against this preset's 0.225),
             # width 64 only 0.117 (val, one seed): narrow is this preset's CPU budget, not the
-            # better setting (benchmarks/presets.md).
+            # better setting. It is the pair that must be wide: the paper's D against this G wins
+            # for good by step 200 (val 0.105), a wider G against this D gains nothing, and
+            # learning rates, D's width alone and weight decay stay within one seed's band
+            # (benchmarks/presets.md, 2026-11-27).
             "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },
