@@ -23,9 +23,9 @@ The control's lead over dpgan is held to three standard deviations of the differ
 AUCs (Hanley & McNeil's standard error at each observed AUC, ``tests/auc_stats.py``; the two
 taken as independent although both attacks score the same members and non-members: a positive
 correlation, the likely kind, would shrink the difference's spread and make the bar
-conservative); about 0.18 at the values above. It was a
-fixed 0.25, which the control's 0.870 against dpgan's 0.612 (2026-11-27) cleared by 0.008:
-a redraw of either run could fail it while the two stayed as far apart as the test needs.
+conservative); about 0.18 at the values above. It was a fixed 0.25, which the control's
+0.870 against dpgan's 0.612 (2026-11-27) cleared by 0.008: a redraw of either run could fail
+it while the two stayed as far apart as the test needs.
 This test tells the memorising control from a private run; `bench audit` measures ε."""
 
 import json

@@ -26,6 +26,6 @@ def test_matches_the_spread_of_simulated_aucs(auc):
     aucs = (pos > neg).mean(axis=(1, 2))
     assert aucs.mean() == pytest.approx(auc, abs=0.003)
     assert aucs.std() == pytest.approx(auc_sd(auc, 64, 64), rel=0.05)
-    # the tolerance tells a wrong formula apart: the binomial √(A(1 − A)/n) is 20-30 % off
+    # the tolerance tells a wrong formula apart: the binomial √(A(1 − A)/n) is 22–32 % off
     assert abs(aucs.std() / math.sqrt(auc * (1 - auc) / 64) - 1) > 0.15
 
