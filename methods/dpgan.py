@@ -187,7 +187,8 @@ class DPGAN(Method):
             # 0.20 (test) and the width-32 nets 0.62 — see benchmarks/presets.md for the evidence.
             # Width is not what the noise punishes here: the same schedule with the paper's nets
             # (d = 128, latent 128) reaches 0.577 on the test split (seed 0, CPU, 32 min on one
-            # thread; 0.565 / 0.436 on an H100 in ~20 s; val 0.455 against this preset's 0.225),
+            # thread; 0.565 / 0.436 on an H100 in ~20 s; val 0.455 against this preset's 0.225;
+            # seeds 1 / 2: 0.130 / 0.439, so 0.382 ± 0.229 over three: not a sure pass either),
             # width 64 only 0.117 (val, one seed): narrow is this preset's CPU budget, not the
             # better setting. It is the pair that must be wide: the paper's D against this G wins
             # for good by step 200 (val 0.105), a wider G against this D gains nothing, and
