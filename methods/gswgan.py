@@ -109,10 +109,10 @@ benchmarks/presets.md, validation part, seed 0). Two limits, measured apart:
   time (validation, seed 0: 0.32; test split, 3 seeds: 0.306 / 0.101 / 0.358, DP-GAN-DPAC
   0.297 / 0.137 / 0.334: seed 1 at chance, so T = 500 is the edge of learning). At T = 300
   and 400 (K = 5 or 10) it was at chance or near it without noise (0.10-0.19;
-  benchmarks/presets.md). With four times the old quick
-  compute (the ``long`` preset: 40 pretraining steps per discriminator, T = 2,000; ~11
-  minutes on one core) the pipeline **without noise reaches 0.72** and draws digits (test
-  split, 3 seeds: 0.741 ± 0.017; DP-GAN-DPAC 0.734 ± 0.014).
+  benchmarks/presets.md). With four times the old quick compute (the ``long`` preset: 40
+  pretraining steps per discriminator, T = 2,000; ~11 minutes on one core) the pipeline
+  **without noise reaches 0.72** and draws digits (test split, 3 seeds: 0.741 ± 0.017;
+  DP-GAN-DPAC 0.734 ± 0.014).
 - *Noise* binds everything else: the same long setting gives 0.10 at ε = 10 and only 0.20
   at ε = 1,000; with K = 200 (10 pretraining steps per discriminator) 0.07 at ε = 10. The reason is structural. Under the sound
   accounting the hook adds 2√B·σ·C per coordinate to each of the B rows and scales by 1/B,
@@ -234,8 +234,8 @@ class GSWGAN(Method):
             # T = 500: the smallest budget seen at which the pipeline learns without noise
             # (val, seed 0: 0.32; test, 3 seeds: 0.26 ± 0.14, one seed at chance; the digits
             # settings' K = 50 at T = 500 stay at chance without noise, 0.10 on the test split),
-            # in ~40 s of one core (benchmarks/presets.md). At
-            # ε = 10 it is at chance as every GS-WGAN setting tried at this N (module docstring).
+            # in ~40 s of one core (benchmarks/presets.md). At ε = 10 it is at chance as every
+            # GS-WGAN setting tried at this N (module docstring).
             "mnist-5k": dict(_QUICK_DIGITS, num_discriminators=10, pretrain_steps=5, batch_size=16, steps=500),
         },
         "long": {

@@ -38,7 +38,7 @@ from dpgen_bench.cli import cli
 
 pytestmark = pytest.mark.slow
 MEMBERS = 64  # and as many held-out non-members
-NULL_SD = math.sqrt((2 * MEMBERS + 1) / (12 * MEMBERS**2))  # sd of an AUC of 0.5 at this size: 0.051
+NULL_SD = auc_sd(0.5, MEMBERS, MEMBERS)  # sd of an AUC of 0.5 at this size: √(129 / (12·64²)) = 0.051
 ATTACKS = ",".join(f"mia_auc_{a}{c}" for a in ("full_black_box", "partial_black_box", "white_box")
                    for c in ("", "_calibrated"))
 
