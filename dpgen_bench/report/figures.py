@@ -270,7 +270,9 @@ def roc_curves(long: pd.DataFrame, out: Path) -> list[Path]:
             roc = proto.get("roc")
             if roc:
                 eps = "∞" if not math.isfinite(r["eps_target"]) else f"{r['eps_target']:g}"
-                ax.plot(roc["fpr"], roc["tpr"], label=f"{r['method']} ε={eps} (AUC {r['value']:.2f})")
+                se = (proto.get("auc_uncertainty") or {}).get("se_delong")  # runs before 2026-11-27: none
+                auc = f"AUC {r['value']:.2f}" + (f" ± {se:.2f}" if se is not None else "")
+                ax.plot(roc["fpr"], roc["tpr"], label=f"{r['method']} ε={eps} ({auc})")
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)
         ax.set_xlabel("false positive rate")
         ax.set_ylabel("true positive rate")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .. import registry, store
+from ..auc import null_sd
 from ..config import stable_hparams
 from ..privacy import fmt_eps
 
@@ -442,6 +443,12 @@ def layout_c(agg: pd.DataFrame, dataset: str | None = None) -> Table:
         cells.append(line)
     headers = [f"{m[len(MIA_PREFIX):].lstrip('_') or 'attack unstated'}, {k if k else 'all'} members{arrow(m)}"
                for m, k in cols]
+    sizes = sorted({int(k) for _, k in cols if k and not pd.isna(k)})
+    if sizes:  # GAN-Leaks' protocol: as many non-members (test images) as members
+        spread = " and ".join(f"±{null_sd(k, k):.3f} at {k} members" for k in sizes)
+        notes.append(f"One run's AUC spreads by {spread} when nothing leaks (one s.d., members against as "
+                     "many non-members); each run's eval.json has its DeLong standard error, 95 % interval and "
+                     "Mann–Whitney p-value (protocol.<evaluator>.auc_uncertainty).")
     return Table("membership-inference ROC AUC (0.5 = no leakage)", ["method", "ε"], out_rows, headers, cells, notes)
 
 

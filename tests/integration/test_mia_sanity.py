@@ -20,7 +20,7 @@ which is a redraw, not a leak (seeds 1 / 2 the same day: 0.455 / 0.452, white-bo
 ε-DP trade-off curve), and the quick GAN without noise already scores 0.62-0.71 (above).
 
 The control's lead over dpgan is held to three standard deviations of the difference of two
-AUCs (Hanley & McNeil's standard error at each observed AUC, ``tests/auc_stats.py``; the two
+AUCs (Hanley & McNeil's standard error at each observed AUC, ``dpgen_bench/auc.py``; the two
 taken as independent although both attacks score the same members and non-members: a positive
 correlation, the likely kind, would shrink the difference's spread and make the bar
 conservative); about 0.18 at the values above. It was a fixed 0.25, which the control's
@@ -33,12 +33,12 @@ import math
 
 import pytest
 
-from auc_stats import auc_sd
+from dpgen_bench.auc import hanley_mcneil_sd, null_sd
 from dpgen_bench.cli import cli
 
 pytestmark = pytest.mark.slow
 MEMBERS = 64  # and as many held-out non-members
-NULL_SD = auc_sd(0.5, MEMBERS, MEMBERS)  # sd of an AUC of 0.5 at this size: √(129 / (12·64²)) = 0.051
+NULL_SD = null_sd(MEMBERS, MEMBERS)  # sd of an AUC of 0.5 at this size: √(129 / (12·64²)) = 0.051
 ATTACKS = ",".join(f"mia_auc_{a}{c}" for a in ("full_black_box", "partial_black_box", "white_box")
                    for c in ("", "_calibrated"))
 
@@ -58,5 +58,5 @@ def test_memorising_gan_is_detected_and_dpgan_is_not(cli_runner, results, monkey
     assert abs(dpgan["mia_auc_full_black_box"] - 0.5) <= 3 * NULL_SD
     assert abs(dpgan["mia_auc_white_box"] - 0.5) <= 3 * NULL_SD
     lead = gan["mia_auc_full_black_box"] - dpgan["mia_auc_full_black_box"]
-    assert lead >= 3 * math.hypot(*(auc_sd(r["mia_auc_full_black_box"], MEMBERS, MEMBERS) for r in (gan, dpgan)))
+    assert lead >= 3 * math.hypot(*(hanley_mcneil_sd(r["mia_auc_full_black_box"], MEMBERS, MEMBERS) for r in (gan, dpgan)))
     print(f"\ngan (memorise preset, 64 members): {gan}\ndpgan (eps=1, 64 members): {dpgan}")  # noqa: T201 - for the note

@@ -46,14 +46,20 @@ def test_full_black_box_detects_memorisation(member_data):
     assert out["metrics"]["mia_auc_full_black_box"] > 0.95
     roc = out["protocol"]["roc"]
     assert roc["fpr"][0] == 0 and roc["tpr"][-1] == 1
+    u = out["protocol"]["auc_uncertainty"]  # the recorded AUC's own, and a leak that is significant
+    assert u["auc"] == pytest.approx(out["metrics"]["mia_auc_full_black_box"], abs=1e-12)
+    assert u["ci"][0] > 0.5 and u["p_value"] < 1e-6
+    assert u["null_sd"] == pytest.approx((65 / (12 * 32 * 32)) ** 0.5)  # 32 members, 32 non-members
 
 
 def test_full_black_box_is_chance_for_a_data_independent_generator(member_data):
     info = DataInfo("digits", member_data.image_shape, 10, len(member_data.train))
     mem = Memoriser(info, None)
     mem.conditional = False
-    auc = _run(member_data, mem, "mia_auc_full_black_box", mia_k=200)["metrics"]["mia_auc_full_black_box"]
+    out = _run(member_data, mem, "mia_auc_full_black_box", mia_k=200)
+    auc, u = out["metrics"]["mia_auc_full_black_box"], out["protocol"]["auc_uncertainty"]
     assert 0.3 < auc < 0.7
+    assert u["ci"][0] < 0.5 < u["ci"][1] and u["p_value"] > 0.01  # no leak is what it reports
 
 
 @pytest.mark.parametrize("name", ["mia_auc_partial_black_box", "mia_auc_white_box"])
