@@ -86,6 +86,12 @@ mnist5k() {
             # the same schedule with the paper's networks (width 128, latent 128)
             dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set width=128 \
                 --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
+            # issue 29's candidate for dpgan's 0.5 on mnist-5k: the `long` preset's schedule (T = 6,000,
+            # n_D = 1, G's weight average 0.999) with the paper's networks; -val-: on the validation part
+            dpgan-wide-long-val-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
+                --set g_width=128 --set latent_dim=128 $common --eval-split val --seed $seed --out $r/$run & ;;
+            dpgan-wide-long-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
+                --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
             # dpdm: the paper's 28×28 U-Net (nf 32, ch_mult 1,2,2, 2 res blocks, attention at 7,
             # Euler 50) on the quick schedule (B = 32, K = 1, T = 150)
             dpdm-paper-net-s*) $PY -m dpgen_bench.cli run --method dpdm --preset quick $paper_unet $common \
