@@ -159,8 +159,18 @@ def _print_result(result: dict) -> None:
              f"(RDP), {fmt_eps(float(priv['epsilon']['prv']))} (PRV); delta {priv['target']['delta']:g}"]
     if priv.get("caveat"):
         lines.append(f"epsilon caveat: {priv['caveat']}")
-    lines += [f"{k}: {v:.4f}" for k, v in result["metrics"].items()]
-    click.echo("\n".join(lines))
+    click.echo("\n".join(lines + _metric_lines(result)))
+
+
+def _metric_lines(result: dict) -> list[str]:
+    """``name: value`` per metric; an MIA AUC with its DeLong SE and the p-value of a leak
+    (``protocol.<evaluator>.auc_uncertainty``): an AUC of 0.55 on 64 members is noise."""
+    lines = []
+    for k, v in result["metrics"].items():
+        u = ((result.get("protocol") or {}).get(k) or {}).get("auc_uncertainty")
+        extra = f" (± {u['se_delong']:.4f} DeLong SE, one-sided Mann–Whitney p = {u['p_value']:.2g})" if u else ""
+        lines.append(f"{k}: {v:.4f}{extra}")
+    return lines
 
 
 # ----------------------------------------------------------------------- audit
@@ -213,7 +223,7 @@ def eval_(run_dir, evaluators, data_root):
 
     names = tuple(e.strip() for e in evaluators.split(",") if e.strip()) if evaluators else None
     result = runner.reevaluate(run_dir, names, data_root)
-    click.echo("\n".join(f"{k}: {v:.4f}" for k, v in result["metrics"].items()))
+    click.echo("\n".join(_metric_lines(result)))
 
 
 # --------------------------------------------------------------------- privacy

@@ -109,13 +109,19 @@ def test_adaptive_n_d_run_logs_schedule(cli_runner, results):
 
 
 def test_members_subset_writes_membership(cli_runner, results):
-    _run(cli_runner, "run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--members", "64")
+    res = _run(cli_runner, "run", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--members", "64",
+               "--eval", "mia_auc_full_black_box")
     d = _only_run_dir(results)
     m = np.load(d / "membership.npz")
     assert len(m["member_indices"]) == len(m["nonmember_indices"]) == 64
     assert m["member_indices"].max() < 1437 and m["nonmember_indices"].max() < 360
     priv = json.loads((d / "privacy.json").read_text())
     assert priv["parts"][0]["sample_rate"] == pytest.approx(min(1.0, 32 / 64))
+    # the attack's AUC is printed and recorded with its uncertainty
+    u = json.loads((d / "eval.json").read_text())["protocol"]["mia_auc_full_black_box"]["auc_uncertainty"]
+    assert u["null_sd"] == pytest.approx((129 / (12 * 64 * 64)) ** 0.5) and u["ci"][0] < u["auc"] < u["ci"][1]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("mia_auc_full_black_box: "))
+    assert f"{u['auc']:.4f} (± {u['se_delong']:.4f} DeLong SE, one-sided Mann–Whitney p = " in line
 
 
 def test_privacy_command_matches_the_run(cli_runner, results):
