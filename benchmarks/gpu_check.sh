@@ -6,7 +6,8 @@
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
 # STAGES="P A B C D" (default: all) picks stages; CAP_P … CAP_D cap them in seconds (CAP_D: each
-# method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's runs, D_METHODS D's.
+# method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's runs (C_SET: settings
+# added to the dpgan-wide-long runs), D_METHODS D's.
 # Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
 #   stages.txt          machine, versions, each stage's exit code and time
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
@@ -87,11 +88,13 @@ mnist5k() {
             dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set width=128 \
                 --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
             # issue 29's candidate for dpgan's 0.5 on mnist-5k: the `long` preset's schedule (T = 6,000,
-            # n_D = 1, G's weight average 0.999) with the paper's networks; -val-: on the validation part
+            # n_D = 1, G's weight average 0.999) with the paper's networks; -val-: on the validation part;
+            # C_SET adds settings to these runs (e.g. C_SET="--set lr_d=2e-4 --set lr_g=2e-4", the paper's)
             dpgan-wide-long-val-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
-                --set g_width=128 --set latent_dim=128 $common --eval-split val --seed $seed --out $r/$run & ;;
+                --set g_width=128 --set latent_dim=128 ${C_SET:-} $common --eval-split val --seed $seed \
+                --out $r/$run & ;;
             dpgan-wide-long-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
-                --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
+                --set g_width=128 --set latent_dim=128 ${C_SET:-} $common --seed $seed --out $r/$run & ;;
             # dpdm: the paper's 28×28 U-Net (nf 32, ch_mult 1,2,2, 2 res blocks, attention at 7,
             # Euler 50) on the quick schedule (B = 32, K = 1, T = 150)
             dpdm-paper-net-s*) $PY -m dpgen_bench.cli run --method dpdm --preset quick $paper_unet $common \
@@ -102,6 +105,7 @@ mnist5k() {
 }
 if has C; then
     export C_RUNS="${C_RUNS:-}"  # empty: every run of mnist5k's list
+    export C_SET="${C_SET:-}"
     stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k" &
 fi
 # one pytest per method, each capped at CAP_D: a case cut by its cap does not hide the others,
