@@ -35,12 +35,26 @@ import numpy as np
 # this module for ``null_sd`` alone
 
 
+def as_scores(x, name: str) -> np.ndarray:
+    """``x`` as a 1-D float array of finite scores, or a ValueError naming ``name`` (shared
+    with the audit's bounds, ``dpgen_bench.privacy.audit_bounds``)."""
+    try:
+        a = np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a 1-D array of numbers") from None
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} has NaN or infinite values")
+    return a
+
+
 def _scores(x, name: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64).ravel()
+    a = as_scores(x, name)
     if a.size < 2:
         raise ValueError(f"{name}: at least 2 scores are needed for a standard error, got {a.size}")
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name}: scores must be finite")
     return a
 
 

@@ -171,11 +171,12 @@ class _MIA(Evaluator):
         # the ROC as an ε lower bound (one-sided Clopper-Pearson, every threshold at once); a
         # heuristic for many members of one model (not independent trials): bench audit certifies
         members_mask = is_member.astype(bool)
+        pos, neg = score[members_mask], score[~members_mask]
         # how far this AUC is from "no leak": DeLong's SE, a 95 % interval, the null spread at
         # these sizes and the one-sided Mann-Whitney p-value (dpgen_bench.auc)
-        proto["auc_uncertainty"] = auc_summary(score[members_mask], score[~members_mask], confidence=0.95)
+        proto["auc_uncertainty"] = auc_summary(pos, neg, confidence=0.95)
         proto["epsilon_lower_bound"] = roc_epsilon_lower_bound(
-            score[members_mask], score[~members_mask], delta=float(run.options.get("delta", 1e-5)), confidence=0.95)
+            pos, neg, delta=float(run.options.get("delta", 1e-5)), confidence=0.95)
         proto.update({k: _opt(run, k) for k in DEFAULTS if k != "mia_reference_steps" or self.calibrated})
         return {"metrics": {self.name: auc}, "protocol": proto}
 

@@ -96,6 +96,8 @@ import numpy as np
 from scipy import stats
 from scipy.special import expit, ndtr, ndtri
 
+from ..auc import as_scores
+
 __all__ = [
     "best_one_run_bound",
     "fdp_gaussian_bound",
@@ -143,20 +145,6 @@ def _check_count(value, name: str) -> int:
     if value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value}")
     return value
-
-
-def _as_scores(x, name: str) -> np.ndarray:
-    try:
-        a = np.asarray(x, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a 1-D array of numbers") from None
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
-    if a.size == 0:
-        raise ValueError(f"{name} is empty")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} has NaN or infinite values")
-    return a
 
 
 def _as_included(x, m: int) -> np.ndarray:
@@ -343,7 +331,7 @@ def _parse_k_grid(k_grid, m: int) -> list[tuple[int, int]]:
 def _guess_counts(scores, included, k_grid) -> tuple[int, list[tuple[int, int, int, int]]]:
     """m and, for each (k+, k-) of the grid: (k+, k-, guesses, correct), guessing "in" on the
     k+ highest scores and "out" on the k- lowest (stable sort: ties by index)."""
-    s = _as_scores(scores, "scores")
+    s = as_scores(scores, "scores")
     m = s.size
     inc = _as_included(included, m)
     inc_sorted = inc[np.argsort(-s, kind="stable")]
@@ -537,8 +525,8 @@ def roc_epsilon_lower_bound(member_scores, nonmember_scores, *, delta: float, co
 
     Returns ``epsilon_lower_bound, threshold, tpr_lower, fpr_upper, confidence`` (the threshold
     achieving the max and its two bounds)."""
-    members = _as_scores(member_scores, "member_scores")
-    nonmembers = _as_scores(nonmember_scores, "nonmember_scores")
+    members = as_scores(member_scores, "member_scores")
+    nonmembers = as_scores(nonmember_scores, "nonmember_scores")
     d = _check_delta(delta)
     conf = _check_confidence(confidence)
     beta = 1.0 - conf
