@@ -321,6 +321,13 @@ def compose_prv(parts: Sequence[PrivacyPart], delta: float, eps_error: float | N
     records and tables); the run stands on its RDP ε. The same holds where the
     accountant's grid would not fit in memory (``prv_grid_points``: ε ≈ 10⁵ asked for
     34 GB and crashed a finished run).
+
+    For some plans scipy warns "The integral is probably divergent, or slowly convergent"
+    from the accountant's mean of a truncated PRV (one ``quad`` over a sub-interval where the
+    CDF steps sharply; dpaf's paper plan on FFHQ at δ = 1e-6, ε = 2 and 10). Measured there
+    against the same mean integrated over 120 log-spaced sub-intervals (no warning): the mean
+    moves by 2e-4 of itself and the ε upper bound by 7e-6 (8.858345 vs 8.858338; the library's
+    the larger), far inside ``eps_error``; the warning is left visible.
     """
     from prv_accountant import PRVAccountant
 
