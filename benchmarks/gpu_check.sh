@@ -5,9 +5,15 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
-# STAGES="P A B C D" (default: all) picks stages; CAP_P … CAP_D cap them in seconds (CAP_D: each
-# method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's runs (C_SET: settings
-# added to the dpgan-wide-long runs), D_METHODS D's.
+# STAGES="P A B C D" (default: all) picks stages and their order; CAP_P … CAP_D cap them in
+# seconds (CAP_D: each method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's
+# runs (C_SET: settings added to the dpgan-wide-long runs), D_METHODS D's. C runs in the
+# background beside D when D comes after it in STAGES, in the foreground otherwise (so that it
+# does not share the GPU with P's or B's timings).
+# BUDGET (default 560 s) bounds the whole call: each stage's cap is cut to what is left of it
+# (less RESERVE, 20 s, for packing the records), a stage with under MIN_STAGE (15 s) left is
+# skipped and says so, so the records are packed before the device tool's 600 s limit kills
+# the call. WHEELS (default .whl) is the folder of wheels to install.
 # Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
 #   stages.txt          machine, versions, each stage's exit code and time
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
@@ -25,8 +31,10 @@ set -u
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 T0=$(date +%s)
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+BUDGET=${BUDGET:-560} RESERVE=${RESERVE:-20} MIN_STAGE=${MIN_STAGE:-15}
+WHEELS=${WHEELS:-.whl}
+if [ -d "$WHEELS" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
         || { echo "wheel install failed" >> "$OUT/stages.txt"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
 else
@@ -35,10 +43,18 @@ fi
 export PYTHONUNBUFFERED=1 DPGEN_CACHE=/tmp/dpgen_cache
 PY=${PY:-python3}
 
-stage() {  # stage NAME CAP_SECONDS CMD...: run capped, log to $OUT/NAME.log, record rc and time
-    local name=$1 cap=$2 t rc
+stage() {  # stage NAME CAP_SECONDS CMD...: run capped (and within BUDGET), log to $OUT/NAME.log, record rc and time
+    local name=$1 cap=$2 t rc left
     shift 2
     t=$(date +%s)
+    left=$((BUDGET - RESERVE - (t - T0)))
+    if [ "$left" -lt "$MIN_STAGE" ]; then
+        echo "== $name skipped at $((t - T0)) s: ${left} s left of BUDGET=${BUDGET} (less ${RESERVE} s reserved)" >> "$OUT/stages.txt"
+        return 0
+    fi
+    if [ "$left" -lt "$cap" ]; then
+        cap=$left
+    fi
     echo "== $name (cap ${cap} s) starts at $((t - T0)) s" >> "$OUT/stages.txt"
     timeout -k 5 "$cap" "$@" > "$OUT/$name.log" 2>&1
     rc=$?
@@ -53,7 +69,6 @@ stage() {  # stage NAME CAP_SECONDS CMD...: run capped, log to $OUT/NAME.log, re
 } >> "$OUT/stages.txt" 2>&1
 
 STAGES=${STAGES:-P A B C D}
-has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 # P: DPDM's paper chunks (MNIST 64 examples, CelebA-32 32, × K = 32 rows), non-private against bk,
 # with peak memory, and a profile of MNIST's bk chunk
@@ -61,18 +76,20 @@ dpdm_chunks() {
     $PY benchmarks/dpdm_step.py --repeats 3 --modes non-private,bk --json --profile
     $PY benchmarks/dpdm_step.py --dataset celeba-gender-32 --repeats 3 --modes non-private,bk --json
 }
-has P && stage P_dpdm_step "${CAP_P:-120}" bash -c "$(declare -f dpdm_chunks); PY=$PY; dpdm_chunks"
+stage_P() { stage P_dpdm_step "${CAP_P:-120}" bash -c "$(declare -f dpdm_chunks); PY=$PY; dpdm_chunks"; }
 
-has A && stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
-    --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
+stage_A() {
+    stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
+        --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
+}
 
-if has B; then
+stage_B() {
     stage B_presets "${CAP_B:-200}" $PY benchmarks/gpu_presets.py --out /tmp/presets --probe-seconds "${PROBE:-5}" \
         ${ONLY:+--only $ONLY}
     cp /tmp/presets/gpu_presets.jsonl "$OUT/" 2>/dev/null
-fi
+}
 
-# C: real runs on mnist-5k, side by side on the one GPU (small for an H100), beside D
+# C: real runs on mnist-5k, side by side on the one GPU (small for an H100)
 mnist5k() {
     local r=/tmp/mnist5k_runs
     local common="--dataset mnist-5k --eps 10 --device ${DEVICE:-cuda} --results $r --eval gen2real_cnn,real2gen_cnn"
@@ -103,21 +120,33 @@ mnist5k() {
     done
     wait
 }
-if has C; then
+stage_C() {
     export C_RUNS="${C_RUNS:-}"  # empty: every run of mnist5k's list
     export C_SET="${C_SET:-}"
-    stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k" &
-fi
+    stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k"
+}
 # one pytest per method, each capped at CAP_D: a case cut by its cap does not hide the others,
 # and a failure is printed when its pytest ends, not lost to a later cap
-if has D; then
+stage_D() {
     for m in ${D_METHODS:-dpac dpaf dpgan gswgan dpdm}; do
         stage "D_$m" "${CAP_D:-120}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" --tb=short \
             tests/gpu/test_gpu_runs.py -k "$m"
-        { echo "== D $m"; cat "$OUT/D_$m.log"; } >> "$OUT/D_gpu_runs.log"
+        { echo "== D $m"; cat "$OUT/D_$m.log" 2>/dev/null; } >> "$OUT/D_gpu_runs.log"
         rm -f "$OUT/D_$m.log"
     done
-fi
+}
+
+# the stages in STAGES' order; C in the background when D comes after it (the GPU is shared
+# then, so neither one's timings are clean), in the foreground otherwise
+rest=" $STAGES "
+for st in $STAGES; do
+    rest=${rest#*" $st "}; rest=" $rest"
+    case $st in
+        C) case "$rest" in *" D "*) stage_C & ;; *) stage_C ;; esac ;;
+        P|A|B|D) "stage_$st" ;;
+        *) echo "== unknown stage $st (known: P A B C D)" >> "$OUT/stages.txt" ;;
+    esac
+done
 wait
 # the records bench report reads (samples and checkpoints stay: the device tool brings back 16 MiB a file)
 tar czf "$OUT/mnist5k_runs.tgz" -C /tmp --exclude=samples.npz --exclude=checkpoint.pt --exclude=resume.pt \

@@ -413,7 +413,9 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         phase, t1 = "sample", time.time()
         labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
         rng = torch.Generator().manual_seed(cfg.seed + 12345)
-        images, labels = p.method.sample(len(labels), labels if p.method.conditional else None, rng)
+        log.info("sampling %d images", len(labels))
+        with numerics.exact_float32(p.device, allow_tf32=allow_tf32):  # a method may sample on the GPU (dpdm)
+            images, labels = p.method.sample(len(labels), labels if p.method.conditional else None, rng)
         images = images.detach().cpu().float()
         with store.atomic_open(run_dir / "samples.npz") as f:
             np.savez_compressed(f, images=images.numpy(), labels=labels.cpu().numpy().astype(np.int64))

@@ -30,6 +30,10 @@ network is nf = 32, (1, 2, 2), 2 blocks, attention at 7×7).
 - **Sampler:** also the authors' deterministic "ddim" sampler (``sampler: euler``,
   ``euler_sample``): Euler steps of the same ODE on the ρ schedule, output D(x; σ_min); the
   one their MNIST / Fashion-MNIST / CelebA configs use, so the ``paper`` presets use it.
+  Sampling runs on fit's device (the other methods sample on the CPU: one generator pass
+  an image, where DPDM's sampler makes N U-Net evaluations), with the starting noise (and
+  churn) drawn from the runner's CPU generator, so CUDA and the CPU integrate the same ODE
+  from the same points; the weights rest on the CPU between calls.
 
 Departures from the paper and the authors' code (docs/provenance.md, value by value):
 - ``paper`` presets (MNIST, Fashion-MNIST, CelebA-Gender-32) take the authors' configs:
@@ -213,9 +217,13 @@ def sigma_schedule(h: DPDMHparams, device=None) -> torch.Tensor:
 @torch.no_grad()
 def edm_sample(net: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], h: DPDMHparams,
                rng: torch.Generator) -> torch.Tensor:
-    """EDM's Heun sampler (Algorithm 2 of Karras et al.; deterministic when S_churn = 0)."""
+    """EDM's Heun sampler (Algorithm 2 of Karras et al.; deterministic when S_churn = 0).
+    Runs on ``net``'s device; its noise is drawn from ``rng`` on the CPU, so the draws do
+    not depend on the device."""
+    dev = _device_of(net)
+    labels = labels.to(dev)
     t = sigma_schedule(h)
-    x = torch.randn(len(labels), *shape, generator=rng, dtype=torch.float64) * t[0]
+    x = torch.randn(len(labels), *shape, generator=rng, dtype=torch.float64).to(dev) * t[0]
     n = h.sampler_steps
     for i in range(n):
         t_cur, t_next = t[i], t[i + 1]
@@ -223,7 +231,7 @@ def edm_sample(net: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], h: 
         t_hat = t_cur * (1 + gamma)
         if gamma > 0:
             x = x + (t_hat ** 2 - t_cur ** 2).sqrt() * h.s_noise * torch.randn(x.shape, generator=rng,
-                                                                                dtype=torch.float64)
+                                                                                dtype=torch.float64).to(dev)
         d = (x - _d(net, x, t_hat, labels)) / t_hat
         x_next = x + (t_next - t_hat) * d
         if t_next > 0:  # Heun's correction
@@ -240,17 +248,24 @@ def euler_sample(net: nn.Module, labels: torch.Tensor, shape: tuple[int, ...], h
     their MNIST / Fashion-MNIST / CelebA configs use): Euler steps of the probability-flow
     ODE dx/dt = (x − D(x; t))/t between the N points t_0 = σ_max > … > t_{N−1} = σ_min of
     the ρ schedule (N − 1 evaluations), then the output is the denoiser's estimate
-    D(x; σ_min) (one more): N network evaluations in all."""
+    D(x; σ_min) (one more): N network evaluations in all. Runs on ``net``'s device, its
+    noise drawn from ``rng`` on the CPU."""
+    dev = _device_of(net)
+    labels = labels.to(dev)
     t = sigma_schedule(h)[:-1]  # t_0 … t_{N−1}; no t_N = 0 here
-    x = torch.randn(len(labels), *shape, generator=rng, dtype=torch.float64) * t[0]
+    x = torch.randn(len(labels), *shape, generator=rng, dtype=torch.float64).to(dev) * t[0]
     for i in range(len(t) - 1):
         x = x + (t[i + 1] - t[i]) * (x - _d(net, x, t[i], labels)) / t[i]
     return _d(net, x, t[-1], labels).float()
 
 
 def _d(net, x, t, labels):
-    sigma = torch.full((len(x),), float(t))
+    sigma = torch.full((len(x),), float(t), device=x.device)
     return denoise(net, x.float(), sigma, labels).double()
+
+
+def _device_of(net: nn.Module) -> torch.device:
+    return next(iter(net.parameters()), torch.empty(0)).device
 
 
 def median3(x: torch.Tensor) -> torch.Tensor:
@@ -386,6 +401,10 @@ class DPDM(Method):
         self.net = ConditionalUNet(info.image_shape, info.num_classes, h.nf, h.ch_mult, h.num_res_blocks,
                                    h.attn_resolutions, h.dropout)
         self.ema = copy.deepcopy(self.net).requires_grad_(False)
+        # where sample() runs the U-Net: fit's device (the weights rest on the CPU between
+        # calls, as every method's do). 50-odd network evaluations per image make sampling a
+        # GPU's job: the paper preset's 60,000 images would take hours on a few CPU cores.
+        self.sample_device = torch.device("cpu")
 
     @property
     def sample_rate(self) -> float:
@@ -514,6 +533,7 @@ class DPDM(Method):
 
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, dev = self.hparams, ctx.device
+        self.sample_device = torch.device(dev)
         train = train.to(dev)
         self.net.to(dev).train()
         self.ema.to(dev)
@@ -581,10 +601,13 @@ class DPDM(Method):
         if labels is None:
             labels = torch.randint(0, self.info.num_classes, (n,), generator=rng)
         labels = labels.long().cpu()
-        net = self.ema.cpu().eval()
+        net = self.ema.to(self.sample_device).eval()
         sampler = edm_sample if self.hparams.sampler == "heun" else euler_sample
-        out = [sampler(net, labels[i:i + 512], self.info.image_shape, self.hparams, rng)
-               for i in range(0, n, 512)]
+        try:
+            out = [sampler(net, labels[i:i + 512], self.info.image_shape, self.hparams, rng).cpu()
+                   for i in range(0, n, 512)]
+        finally:
+            self.ema.cpu()
         images = torch.cat(out) if out else torch.zeros(0, *self.info.image_shape)
         return images.clamp(-1, 1), labels
 

@@ -112,6 +112,38 @@ def test_samples_are_images_of_the_requested_labels():
     assert x.min() >= -1 and x.max() <= 1 and math.isfinite(x.sum().item())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("sampler", ["euler", "heun"])
+def test_sampling_runs_on_the_fit_device_and_the_weights_rest_on_the_cpu(device, sampler):
+    """The U-Net's N evaluations per image run where fit trained (a GPU's job: the paper
+    preset samples 60,000 images × 50 evaluations); the noise comes from the CPU generator,
+    so CUDA draws the same ODE starts as the CPU and lands within float32 error of it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from dpgen_bench.numerics import exact_float32
+
+    h = _tiny(steps=2, sampler=sampler, sampler_steps=6, s_churn=10.0 if sampler == "heun" else 0.0)
+    m = DPDM(h, INFO)
+    budget = Budget(10.0)
+    m.fit(_train(), budget, FakeContext(PrivacyLedger(budget, m.plan(budget)), seed=1, device=device))
+    assert m.sample_device == torch.device(device)
+    seen = []
+    hook = m.ema.register_forward_pre_hook(lambda mod, args: seen.append(args[0].device))
+    labels = torch.arange(10).repeat_interleave(2)
+    with exact_float32(device):
+        x, y = m.sample(20, labels, torch.Generator().manual_seed(3))
+    hook.remove()
+    assert seen and {d.type for d in seen} == {device}
+    assert x.device.type == "cpu" and torch.equal(y, labels)
+    assert {p.device.type for p in m.ema.parameters()} == {"cpu"}  # resting where checkpoints are written
+    m.sample_device = torch.device("cpu")
+    x_cpu, _ = m.sample(20, labels, torch.Generator().manual_seed(3))
+    if device == "cpu":
+        assert torch.equal(x, x_cpu)  # the CPU path is bit for bit what it was
+    else:
+        torch.testing.assert_close(x, x_cpu, atol=1e-3, rtol=1e-3)
+
+
 def test_heun_sampler_solves_the_probability_flow_ode_of_gaussian_data():
     """Data N(0, s²) per pixel: the ideal denoiser is s²/(s²+σ²)·x and the ODE maps x(σ_max)
     to x(σ_max)·s/√(s²+σ_max²). Heun's global error is second order: +6.5 % at 18 steps,

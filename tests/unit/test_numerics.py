@@ -47,13 +47,14 @@ def test_tf32_is_allowed_only_by_the_variable_set_to_1(monkeypatch, value, allow
 
 @pytest.mark.parametrize("env", [None, "1"])
 def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env):
-    """The runner wraps the method's fit (and nothing records TF32 on the CPU, variable or not)."""
+    """The runner wraps the method's fit and its sampling (dpdm samples on fit's device), and
+    nothing records TF32 on the CPU, variable or not."""
     from dpgen_bench import runner
     from methods.dummy import Dummy
 
     if env:
         monkeypatch.setenv(numerics.ALLOW_TF32_ENV, env)
-    state = {"inside": False, "calls": [], "fit_inside": None}
+    state = {"inside": False, "calls": [], "fit_inside": None, "sample_inside": None}
     real = numerics.exact_float32
 
     @contextlib.contextmanager
@@ -66,17 +67,23 @@ def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env
             finally:
                 state["inside"] = False
 
-    fit = Dummy.fit
+    fit, sample = Dummy.fit, Dummy.sample
 
     def spy_fit(self, *a, **k):
         state["fit_inside"] = state["inside"]
         return fit(self, *a, **k)
 
+    def spy_sample(self, *a, **k):
+        state["sample_inside"] = state["inside"]
+        return sample(self, *a, **k)
+
     monkeypatch.setattr(runner.numerics, "exact_float32", recorder)
     monkeypatch.setattr(Dummy, "fit", spy_fit)
+    monkeypatch.setattr(Dummy, "sample", spy_sample)
     res = cli_runner.invoke(cli, ["run", "--method", "dummy", "--eps", "1", "--eval", "", "--device", "cpu"])
     assert res.exit_code == 0, (res.stderr, res.exception)
-    assert state["fit_inside"] is True and state["calls"] == [("cpu", False)]
+    assert state["fit_inside"] is True and state["sample_inside"] is True
+    assert state["calls"] == [("cpu", False), ("cpu", False)]
     (run,) = [d for d in results.iterdir() if d.is_dir()]
     ev = json.loads((run / "eval.json").read_text())
     assert ev["protocol"]["throughput"]["tf32"] is False

@@ -1,0 +1,70 @@
+"""``benchmarks/gpu_check.sh``, the GPU machine's one command: its stages run in the order
+``STAGES`` gives, and ``BUDGET`` bounds the whole call (a stage's cap is cut to what is left,
+a stage with too little left is skipped and says so), so that the records are packed before
+the device tool's limit kills the call. Run here with a fake ``PY`` that records its
+arguments: no GPU, torch or wheel is needed."""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def _fake_python(tmp_path: Path, slow: str = "") -> Path:
+    """A stand-in for python3 that appends its arguments to calls.log; one whose arguments
+    contain ``slow`` sleeps for a minute (a stage that would outrun its cap)."""
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{tmp_path}/calls.log"\n'
+        + (f'case "$*" in *{slow}*) exec sleep 60 ;; esac\n' if slow else "")
+        + "exit 0\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def _run(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, str, float]:
+    out = tmp_path / "out"
+    full = dict(os.environ, OUT=str(out), WHEELS=str(tmp_path / "no-wheels"), **env)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
+    return proc, (out / "stages.txt").read_text(), time.monotonic() - t0
+
+
+def test_stages_run_in_the_order_given(tmp_path):
+    fake = _fake_python(tmp_path)
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="C P", C_RUNS="dpgan-quick-s0", DEVICE="cpu")
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    run = next(i for i, c in enumerate(calls) if "dpgen_bench.cli run --method dpgan --preset quick" in c)
+    step = next(i for i, c in enumerate(calls) if "benchmarks/dpdm_step.py" in c)
+    assert run < step, calls
+    assert "--device cpu" in calls[run] and "--dataset mnist-5k" in calls[run]
+    assert stages.index("== C_mnist5k") < stages.index("== P_dpdm_step")
+    assert "done at" in stages
+
+
+def test_the_budget_cuts_a_stage_short_and_skips_the_rest(tmp_path):
+    fake = _fake_python(tmp_path, slow="dpdm_step.py")
+    proc, stages, wall = _run(tmp_path, PY=str(fake), STAGES="P B C", BUDGET="6", RESERVE="1", MIN_STAGE="2")
+    assert proc.returncode == 0, proc.stderr
+    # P would sleep 60 s under its own cap of 120 s; the budget leaves it at most 5
+    p_line = next(line for line in stages.splitlines() if line.startswith("== P_dpdm_step (cap "))
+    cap = int(p_line.split("(cap ")[1].split(" s)")[0])
+    assert 1 <= cap <= 5, p_line
+    assert "P_dpdm_step rc=124" in stages
+    assert "== B_presets skipped" in stages and "== C_mnist5k skipped" in stages
+    assert "done at" in stages
+    assert wall < 20, wall
+    calls = (tmp_path / "calls.log").read_text()
+    assert "gpu_presets.py" not in calls and "dpgen_bench.cli run" not in calls
+
+
+def test_an_unknown_stage_is_named_not_ignored(tmp_path):
+    fake = _fake_python(tmp_path)
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="X")
+    assert proc.returncode == 0, proc.stderr
+    assert "unknown stage X" in stages
