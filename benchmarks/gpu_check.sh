@@ -19,7 +19,7 @@
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
 #                       bk = Opacus hooks on dpgan's paper D, TF32's effect; --device auto and
 #                       a CUDA checkpoint resuming on CUDA only; training with TF32 off
-#                       unless DPGEN_ALLOW_TF32=1
+#                       unless DPGEN_ALLOW_TF32=1; DPDM sampling on CUDA (test_dpdm's cuda cases)
 #   B_presets.log, gpu_presets.jsonl   every private method's paper preset on full-size fake
 #                       data: steps/s, peak memory, projected time, --dry-run's estimate
 #   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
@@ -80,7 +80,8 @@ stage_P() { stage P_dpdm_step "${CAP_P:-120}" bash -c "$(declare -f dpdm_chunks)
 
 stage_A() {
     stage A_equivalence "${CAP_A:-90}" $PY -m pytest -m gpu -s -q -p no:cacheprovider -o addopts="" \
-        --tb=short tests/unit/test_fastclip.py tests/gpu/test_gpu_resume.py tests/gpu/test_gpu_numerics.py
+        --tb=short tests/unit/test_fastclip.py tests/unit/test_dpdm.py tests/gpu/test_gpu_resume.py \
+        tests/gpu/test_gpu_numerics.py
 }
 
 stage_B() {
