@@ -97,7 +97,8 @@ def one_case(method, dataset, overrides, device, data_root, work, probe_seconds,
     if probe_seconds > 0 and method not in NO_PROBE:
         est = probe.estimate_runtime(p, probe_seconds)
         row["dry_run"] = {"estimated_fit_seconds": est["estimated_fit_seconds"], "complete": est["complete"],
-                          "phases": est["phases"], "setup_seconds": est["setup_seconds"]}
+                          "phases": est["phases"], "setup_seconds": est["setup_seconds"],
+                          "sampling": est["sampling"]}  # the paper preset's sample set, extrapolated
     else:
         row["dry_run"] = {"estimated_fit_seconds": None, "complete": False, "phases": [], "setup_seconds": None}
     row["probe_peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None

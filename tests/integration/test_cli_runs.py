@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from dpgen_bench.cli import cli
 from dpgen_bench.errors import UserError
@@ -169,7 +170,60 @@ def test_dry_run_prints_plan_without_writing(cli_runner, results):
     assert phase["steps"] == steps and phase["timed_steps"] >= 3 and est["complete"] is False
     assert est["estimated_fit_seconds"] >= phase["seconds_per_step"] * steps > 0
     assert est["device"] == "cpu" and 2 <= est["probe_seconds"] < 60
+    smp = est["sampling"]  # dpgan's quick preset: 100 a class, timed up to 512 of them
+    assert smp["images"] == 1000 and 4 <= smp["timed_images"] <= 512 and smp["seconds_per_image"] > 0
+    assert est["estimated_fit_and_sample_seconds"] >= est["estimated_fit_seconds"] + smp["estimated_seconds"] - 0.1
     assert not results.exists()
+
+
+class _Timed:
+    """A method stand-in whose ``sample`` takes ``a + b·n`` seconds (a per-call overhead and a
+    per-image cost), recording the sizes asked for."""
+
+    conditional = True
+
+    def __init__(self, a, b, fail=False):
+        self.a, self.b, self.fail, self.calls = a, b, fail, []
+
+    def sample(self, n, labels, rng):
+        import time
+
+        self.calls.append((n, None if labels is None else labels.tolist()))
+        if self.fail:
+            raise RuntimeError("no generator before the last phase")
+        time.sleep(self.a + self.b * n)
+        return torch.zeros(n, 1, 2, 2), labels
+
+
+def _prepared(method, samples_per_class=100):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(method=method, device=torch.device("cpu"),
+                           data=SimpleNamespace(num_classes=10),
+                           config=SimpleNamespace(samples_per_class=samples_per_class, seed=0))
+
+
+def test_dry_run_sampling_estimate_extrapolates_the_per_image_cost():
+    from dpgen_bench.probe import estimate_sampling
+
+    m = _Timed(a=0.5, b=0.001)  # 1,000 images: 1.5 s, a third of it the call's overhead
+    est = estimate_sampling(_prepared(m), seconds=10.0)
+    assert [n for n, _ in m.calls] == [4, 16, 64, 256, 512]  # ×4 up to the cap
+    assert m.calls[1][1] == [i % 10 for i in range(16)]  # every class in turn
+    assert est["images"] == 1000 and est["timed_images"] == 512
+    assert abs(est["seconds_per_image"] - 0.001) < 0.0003  # the slope, not (a + b·k)/k = 0.002
+    assert abs(est["estimated_seconds"] - 1.5) < 0.2
+    # a slow sampler stops within the probe's seconds, and still extrapolates
+    slow = _Timed(a=0.0, b=0.05)
+    est = estimate_sampling(_prepared(slow), seconds=2.0)
+    assert [n for n, _ in slow.calls] == [4, 16] and abs(est["estimated_seconds"] - 50.0) < 8
+    # the whole set is smaller than the cap: timed in full, the estimate is the timing
+    small = _Timed(a=0.0, b=0.001)
+    est = estimate_sampling(_prepared(small, samples_per_class=2), seconds=10.0)
+    assert small.calls[-1][0] == 20 and est["timed_images"] == 20
+    assert est["estimated_seconds"] == pytest.approx(0.02, abs=0.01)
+    est = estimate_sampling(_prepared(_Timed(0, 0, fail=True)), seconds=1.0)
+    assert est == {"images": 1000, "error": "RuntimeError: no generator before the last phase"}
 
 
 def test_dry_run_estimate_of_a_run_shorter_than_the_probe(cli_runner, results):
