@@ -15,10 +15,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .config import EVAL_SPLITS  # noqa: F401 - re-exported; defined there so that the CLI need not import torch
+
 
 # --------------------------------------------------------------------------- data
 
-EVAL_SPLITS = ("test", "val")
 VAL_FRACTION = 0.15  # share of the training split held out by --eval-split val (stratified)
 VAL_SEED = 0  # the validation part is the same for every run of a dataset
 

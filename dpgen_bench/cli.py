@@ -12,8 +12,7 @@ from pathlib import Path
 import click
 
 from . import registry, store
-from .api import EVAL_SPLITS
-from .config import DEFAULT_DELTA, DEFAULTS_PRESET, build_config, load_config_file, parse_set
+from .config import DEFAULT_DELTA, DEFAULTS_PRESET, EVAL_SPLITS, build_config, load_config_file, parse_set
 from .errors import Interrupted, PrivacyViolation, UserError
 from .logs import setup_logging
 
