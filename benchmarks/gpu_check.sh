@@ -13,7 +13,8 @@
 # BUDGET (default 560 s) bounds the whole call: each stage's cap is cut to what is left of it
 # (less RESERVE, 20 s, for packing the records), a stage with under MIN_STAGE (15 s) left is
 # skipped and says so, so the records are packed before the device tool's 600 s limit kills
-# the call. WHEELS (default .whl) is the folder of wheels to install.
+# the call. WHEELS (default .whl) is the folder of wheels to install; C_RESULTS (default
+# /tmp/mnist5k_runs) where stage C's runs write.
 # Writes under $OUT (at most 8 files, so that the device tool brings all of them back):
 #   stages.txt          machine, versions, each stage's exit code and time
 #   A_equivalence.log   pytest -m gpu: bk = per-example autograd on CUDA (every layer rule),
@@ -33,6 +34,7 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 BUDGET=${BUDGET:-560} RESERVE=${RESERVE:-20} MIN_STAGE=${MIN_STAGE:-15}
 WHEELS=${WHEELS:-.whl}
+export C_RESULTS=${C_RESULTS:-/tmp/mnist5k_runs}  # stage C's run directories (packed into mnist5k_runs.tgz)
 if [ -d "$WHEELS" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
         || { echo "wheel install failed" >> "$OUT/stages.txt"; exit 1; }
@@ -92,11 +94,14 @@ stage_B() {
 
 # C: real runs on mnist-5k, side by side on the one GPU (small for an H100)
 mnist5k() {
-    local r=/tmp/mnist5k_runs
+    local r=$C_RESULTS
     local common="--dataset mnist-5k --eps 10 --device ${DEVICE:-cuda} --results $r --eval gen2real_cnn,real2gen_cnn"
     local paper_unet="--set nf=32 --set ch_mult=1,2,2 --set num_res_blocks=2 --set attn_resolutions=7"
     paper_unet="$paper_unet --set sampler=euler --set sampler_steps=50"
     export OMP_NUM_THREADS=2
+    # the cap's SIGTERM reaches the runs too (timeout signals its process group): wait while they
+    # write their resume checkpoints, until timeout's SIGKILL 5 s later
+    trap 'wait' TERM
     for run in ${C_RUNS:-dpgan-quick-s0 dpgan-quick-s1 dpgan-quick-s2 dpgan-paper-nets-s0 dpdm-paper-net-s0}; do
         local seed=${run##*-s}
         case $run in
@@ -150,6 +155,7 @@ for st in $STAGES; do
 done
 wait
 # the records bench report reads (samples and checkpoints stay: the device tool brings back 16 MiB a file)
-tar czf "$OUT/mnist5k_runs.tgz" -C /tmp --exclude=samples.npz --exclude=checkpoint.pt --exclude=resume.pt \
-    mnist5k_runs 2>/dev/null
+# nor a checkpoint that a cap's SIGKILL cut short (*.tmp: the atomic writes' partial files)
+[ -d "$C_RESULTS" ] && tar czf "$OUT/mnist5k_runs.tgz" -C "$(dirname "$C_RESULTS")" --exclude=samples.npz \
+    --exclude=checkpoint.pt --exclude=resume.pt --exclude='*.tmp' "$(basename "$C_RESULTS")"
 echo "done at $(($(date +%s) - T0)) s" >> "$OUT/stages.txt"

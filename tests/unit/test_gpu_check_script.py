@@ -6,6 +6,7 @@ arguments: no GPU, torch or wheel is needed."""
 
 import os
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -68,3 +69,27 @@ def test_an_unknown_stage_is_named_not_ignored(tmp_path):
     proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="X")
     assert proc.returncode == 0, proc.stderr
     assert "unknown stage X" in stages
+
+
+def test_a_capped_run_finishes_its_checkpoint_before_the_records_are_packed(tmp_path):
+    """The cap's SIGTERM reaches stage C's runs (timeout signals its process group); the
+    stage waits while they write their resume checkpoints (a real run takes a second or
+    more), so the packed records are whole, and partial files (``*.tmp``) stay out."""
+    runs = tmp_path / "runs"
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/bash\n"
+        'case "$*" in *"dpgen_bench.cli run"*) ;; *) exit 0 ;; esac\n'
+        'out=""; prev=""; for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done\n'
+        'mkdir -p "$out"; echo "{}" > "$out/config.json"; echo partial > "$out/.resume.pt.x1.tmp"\n'
+        "trap 'sleep 1; echo \"{}\" > \"$out/interrupted.json\"; exit 130' TERM\n"
+        "while :; do sleep 0.1; done\n")
+    fake.chmod(0o755)
+    proc, stages, wall = _run(tmp_path, PY=str(fake), STAGES="C", C_RUNS="dpgan-quick-s0", C_RESULTS=str(runs),
+                              BUDGET="6", RESERVE="1", MIN_STAGE="2")
+    assert proc.returncode == 0, proc.stderr
+    assert "C_mnist5k rc=124" in stages and "done at" in stages and wall < 20
+    with tarfile.open(tmp_path / "out" / "mnist5k_runs.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"runs/dpgan-quick-s0/config.json", "runs/dpgan-quick-s0/interrupted.json"} <= names
+    assert not any(n.endswith(".tmp") for n in names), names
