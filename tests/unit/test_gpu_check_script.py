@@ -29,7 +29,8 @@ def _fake_python(tmp_path: Path, slow: str = "") -> Path:
 
 def _run(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, str, float]:
     out = tmp_path / "out"
-    full = dict(os.environ, OUT=str(out), WHEELS=str(tmp_path / "no-wheels"), **env)
+    full = dict(os.environ, OUT=str(out), WHEELS=str(tmp_path / "no-wheels"), C_RESULTS=str(tmp_path / "runs"))
+    full.update(env)
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
     return proc, (out / "stages.txt").read_text(), time.monotonic() - t0
@@ -75,7 +76,6 @@ def test_a_capped_run_finishes_its_checkpoint_before_the_records_are_packed(tmp_
     """The cap's SIGTERM reaches stage C's runs (timeout signals its process group); the
     stage waits while they write their resume checkpoints (a real run takes a second or
     more), so the packed records are whole, and partial files (``*.tmp``) stay out."""
-    runs = tmp_path / "runs"
     fake = tmp_path / "fakepy"
     fake.write_text(
         "#!/bin/bash\n"
@@ -85,8 +85,8 @@ def test_a_capped_run_finishes_its_checkpoint_before_the_records_are_packed(tmp_
         "trap 'sleep 1; echo \"{}\" > \"$out/interrupted.json\"; exit 130' TERM\n"
         "while :; do sleep 0.1; done\n")
     fake.chmod(0o755)
-    proc, stages, wall = _run(tmp_path, PY=str(fake), STAGES="C", C_RUNS="dpgan-quick-s0", C_RESULTS=str(runs),
-                              BUDGET="6", RESERVE="1", MIN_STAGE="2")
+    proc, stages, wall = _run(tmp_path, PY=str(fake), STAGES="C", C_RUNS="dpgan-quick-s0", BUDGET="6", RESERVE="1",
+                              MIN_STAGE="2")
     assert proc.returncode == 0, proc.stderr
     assert "C_mnist5k rc=124" in stages and "done at" in stages and wall < 20
     with tarfile.open(tmp_path / "out" / "mnist5k_runs.tgz") as tar:
