@@ -6,9 +6,10 @@ cuDNN convolutions default to TF32 on Ampere and later GPUs (torch 2.11 on an H1
 clipped update by 1.1e-2 relative, in Opacus' hooks and in book-keeping alike, where float32
 on CUDA stays within 2e-4 of the CPU. A per-example norm off by ~1 % lets a clipped
 gradient exceed C by ~1 %: the sensitivity the accountant assumes would hold only to TF32's
-precision. So training runs in float32 on CUDA (``exact_float32``), as FID's feature
-extraction does; ``DPGEN_ALLOW_TF32=1`` opts in to TF32 for speed, and a private run then
-carries an ε caveat saying so.
+precision. So training and sampling run in float32 on CUDA (``exact_float32``), and so do
+the evaluators (FID's feature extraction, the transfer classifiers, the MIA reference
+generator); ``DPGEN_ALLOW_TF32=1`` opts in to TF32 for training's speed, and a private run
+then carries an ε caveat saying so.
 """
 
 from __future__ import annotations

@@ -178,7 +178,8 @@ def prepare_evaluators(config: RunConfig, data_root: str | None = None) -> dict[
         return {}
     data, _ = cell_data(config, data_root)
     device = resolve_device(config.device)
-    return {n: registry.evaluators.get(n)().prepare(data, seed=config.seed, device=device) for n in names}
+    with numerics.exact_float32(device):  # as run_evaluators: the prepared classifier is the one a cell trains
+        return {n: registry.evaluators.get(n)().prepare(data, seed=config.seed, device=device) for n in names}
 
 
 def _calibrate(config: RunConfig, method_cls: type, budget: Budget, info: DataInfo) -> tuple[Method, PrivacyLedger]:
@@ -500,8 +501,11 @@ def run_evaluators(config: RunConfig, data: ImageData, method: Method, device: t
         ev = registry.evaluators.get(name)()
         t = time.time()
         log.info("evaluating %s", name)
-        out = ev.evaluate(EvalInput(data=data, images=images, labels=labels, method=method, device=device,
-                                    seed=config.seed, options={"data_root": data_root, "delta": config.delta}))
+        # float32 on CUDA (no TF32, whatever DPGEN_ALLOW_TF32 says for training): the evaluators'
+        # classifiers and reference generators train as on the CPU, so a metric is comparable
+        with numerics.exact_float32(device):
+            out = ev.evaluate(EvalInput(data=data, images=images, labels=labels, method=method, device=device,
+                                        seed=config.seed, options={"data_root": data_root, "delta": config.delta}))
         metrics.update(out.get("metrics", {}))
         protocol[name] = {**out.get("protocol", {}), "eval_split": data.eval_split}
         protocol["timings"][f"eval:{name}"] = time.time() - t

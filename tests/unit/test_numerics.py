@@ -47,14 +47,15 @@ def test_tf32_is_allowed_only_by_the_variable_set_to_1(monkeypatch, value, allow
 
 @pytest.mark.parametrize("env", [None, "1"])
 def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env):
-    """The runner wraps the method's fit and its sampling (dpdm samples on fit's device), and
-    nothing records TF32 on the CPU, variable or not."""
+    """The runner wraps the method's fit, its sampling (dpdm samples on fit's device) and each
+    evaluator (their classifiers and reference generators train too), and nothing records
+    TF32 on the CPU, variable or not."""
     from dpgen_bench import runner
     from methods.dummy import Dummy
 
     if env:
         monkeypatch.setenv(numerics.ALLOW_TF32_ENV, env)
-    state = {"inside": False, "calls": [], "fit_inside": None, "sample_inside": None}
+    state = {"inside": False, "calls": [], "fit_inside": None, "sample_inside": None, "eval_inside": None}
     real = numerics.exact_float32
 
     @contextlib.contextmanager
@@ -80,11 +81,48 @@ def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env
     monkeypatch.setattr(runner.numerics, "exact_float32", recorder)
     monkeypatch.setattr(Dummy, "fit", spy_fit)
     monkeypatch.setattr(Dummy, "sample", spy_sample)
-    res = cli_runner.invoke(cli, ["run", "--method", "dummy", "--eps", "1", "--eval", "", "--device", "cpu"])
+    from evaluators.transfer import Gen2RealMLP
+
+    def spy_evaluate(self, inp):
+        state["eval_inside"] = state["inside"]
+        return {"metrics": {"gen2real_mlp": 0.5}, "protocol": {}}
+
+    monkeypatch.setattr(Gen2RealMLP, "evaluate", spy_evaluate)
+    res = cli_runner.invoke(cli, ["run", "--method", "dummy", "--eps", "1", "--eval", "gen2real_mlp", "--device", "cpu"])
     assert res.exit_code == 0, (res.stderr, res.exception)
-    assert state["fit_inside"] is True and state["sample_inside"] is True
-    assert state["calls"] == [("cpu", False), ("cpu", False)]
+    assert state["fit_inside"] is True and state["sample_inside"] is True and state["eval_inside"] is True
+    assert state["calls"] == [("cpu", False), ("cpu", False), ("cpu", False)]
     (run,) = [d for d in results.iterdir() if d.is_dir()]
     ev = json.loads((run / "eval.json").read_text())
     assert ev["protocol"]["throughput"]["tf32"] is False
     assert json.loads((run / "privacy.json").read_text())["caveat"] is None
+
+
+def test_evaluator_preparations_run_inside_exact_float32(monkeypatch):
+    """``bench sweep``'s shared preparation (the real2gen CNN) trains under the same numerics
+    as the evaluation that loads it."""
+    from dpgen_bench import runner
+    from dpgen_bench.config import build_config
+    from evaluators.transfer import Real2GenCNN
+
+    state = {"inside": False, "seen": None}
+    real = numerics.exact_float32
+
+    @contextlib.contextmanager
+    def recorder(device, allow_tf32=False):
+        with real(device, allow_tf32):
+            state["inside"] = True
+            try:
+                yield
+            finally:
+                state["inside"] = False
+
+    def spy_prepare(self, data, *, seed, device):
+        state["seen"] = state["inside"]
+        return {"prepared": True}
+
+    monkeypatch.setattr(runner.numerics, "exact_float32", recorder)
+    monkeypatch.setattr(Real2GenCNN, "prepare", spy_prepare)
+    cfg = build_config("dummy", "digits", epsilon=1.0, preset="tiny", evaluators=("real2gen_cnn",))
+    assert runner.prepare_evaluators(cfg) == {"real2gen_cnn": {"prepared": True}}
+    assert state["seen"] is True
