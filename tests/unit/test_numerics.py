@@ -45,17 +45,9 @@ def test_tf32_is_allowed_only_by_the_variable_set_to_1(monkeypatch, value, allow
     assert numerics.tf32_allowed() is allowed
 
 
-@pytest.mark.parametrize("env", [None, "1"])
-def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env):
-    """The runner wraps the method's fit, its sampling (dpdm samples on fit's device) and each
-    evaluator (their classifiers and reference generators train too), and nothing records
-    TF32 on the CPU, variable or not."""
-    from dpgen_bench import runner
-    from methods.dummy import Dummy
-
-    if env:
-        monkeypatch.setenv(numerics.ALLOW_TF32_ENV, env)
-    state = {"inside": False, "calls": [], "fit_inside": None, "sample_inside": None, "eval_inside": None}
+def _recorder(state: dict):
+    """``exact_float32`` that records its (device type, allow_tf32) calls in ``state["calls"]``
+    and whether a block is inside it in ``state["inside"]``."""
     real = numerics.exact_float32
 
     @contextlib.contextmanager
@@ -68,6 +60,21 @@ def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env
             finally:
                 state["inside"] = False
 
+    return recorder
+
+
+@pytest.mark.parametrize("env", [None, "1"])
+def test_the_fit_runs_inside_exact_float32(monkeypatch, cli_runner, results, env):
+    """The runner wraps the method's fit, its sampling (dpdm samples on fit's device) and each
+    evaluator (their classifiers and reference generators train too), and nothing records
+    TF32 on the CPU, variable or not."""
+    from dpgen_bench import runner
+    from methods.dummy import Dummy
+
+    if env:
+        monkeypatch.setenv(numerics.ALLOW_TF32_ENV, env)
+    state = {"inside": False, "calls": [], "fit_inside": None, "sample_inside": None, "eval_inside": None}
+    recorder = _recorder(state)
     fit, sample = Dummy.fit, Dummy.sample
 
     def spy_fit(self, *a, **k):
@@ -105,18 +112,8 @@ def test_evaluator_preparations_run_inside_exact_float32(monkeypatch):
     from dpgen_bench.config import build_config
     from evaluators.transfer import Real2GenCNN
 
-    state = {"inside": False, "seen": None}
-    real = numerics.exact_float32
-
-    @contextlib.contextmanager
-    def recorder(device, allow_tf32=False):
-        with real(device, allow_tf32):
-            state["inside"] = True
-            try:
-                yield
-            finally:
-                state["inside"] = False
-
+    state = {"inside": False, "calls": [], "seen": None}
+    recorder = _recorder(state)
     def spy_prepare(self, data, *, seed, device):
         state["seen"] = state["inside"]
         return {"prepared": True}
