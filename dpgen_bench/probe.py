@@ -12,7 +12,7 @@ import torch
 
 from .context import TrainingContext
 from .numerics import exact_float32, tf32_allowed
-from .runner import Prepared, seed_everything
+from .runner import Prepared, sample_generator, seed_everything
 
 
 class _ProbeDone(Exception):
@@ -111,7 +111,7 @@ def estimate_sampling(p: Prepared, seconds: float, max_timed: int = 512) -> dict
     early) gives ``error`` instead of an estimate."""
     c = p.data.num_classes
     n = p.config.samples_per_class * c
-    rng = torch.Generator().manual_seed(p.config.seed + 12345)
+    rng = sample_generator(p.config.seed)
     points: list[tuple[int, float]] = []
     k, t_start = min(4, n), time.time()
     try:

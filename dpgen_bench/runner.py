@@ -61,6 +61,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def sample_generator(seed: int) -> torch.Generator:
+    """The CPU generator a run's samples are drawn from (its own stream, apart from training's)."""
+    return torch.Generator().manual_seed(seed + 12345)
+
+
 # ------------------------------------------------------------------- preparation
 
 
@@ -413,7 +418,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
 
         phase, t1 = "sample", time.time()
         labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
-        rng = torch.Generator().manual_seed(cfg.seed + 12345)
+        rng = sample_generator(cfg.seed)
         log.info("sampling %d images", len(labels))
         with numerics.exact_float32(p.device, allow_tf32=allow_tf32):  # a method may sample on the GPU (dpdm)
             images, labels = p.method.sample(len(labels), labels if p.method.conditional else None, rng)
