@@ -7,6 +7,9 @@ Training (GS-WGAN Alg. 1; official code ``source/main.py``, ``pretrain.py``):
   is assigned to one subset, independently and uniformly at random (seeded).
   Discriminator D_k sees only d_k. Each D_k is first *pretrained* on d_k against its own throw-away non-private
   generator (``pretrain_steps`` iterations of ``n_d`` critic steps + one generator step).
+  The official code pretrains in parallel jobs and saves each D_k; here they run in turn,
+  from one random stream, and the run's checkpoints cover them (within a D_k, with its
+  throw-away generator), so a day of pretraining survives a killed job.
 - Each generator iteration t = 1..T: draw k uniformly from {1..K} (seeded, independent
   across steps); train D_k ``n_d`` steps of WGAN-GP (λ = 10) with the drift penalty
   0.001·D(x)² on real batches of d_k and fakes of the *same* labels; then one
@@ -373,31 +376,69 @@ class GSWGAN(Method):
             opt_d.step()
         return loss.item(), (d_real.mean() - d_fake.mean()).item()
 
-    def _pretrain(self, subsets: list[Split], ctx: RunContext, gen: torch.Generator) -> None:
+    def _pretrain(self, subsets: list[Split], ctx: RunContext, gen: torch.Generator, opt_g,
+                  resumed: dict | None = None) -> None:
         """GS-WGAN's warm start (pretrain.py): each D_k against its own fresh non-private
-        generator, on d_k only; the generator is thrown away. No privacy cost of its own."""
+        generator, on d_k only; the generator is thrown away. No privacy cost of its own.
+
+        Checkpointed like the generator steps (the paper preset's 1,000 pretrainings take
+        about a day on a GPU): whenever one is due, after any pretraining iteration, the state
+        says which D_k and iteration come next, with that D_k's throw-away generator and its
+        optimiser; ``resumed`` (such a checkpoint) continues from there. ``opt_g`` is the
+        released G's optimiser, saved untouched so that one checkpoint format serves both."""
         h = self.hparams
         if h.pretrain_steps == 0:
             return
+        first_k, first_i, G_state = 0, 0, None
+        if resumed is not None:
+            self._restore(resumed, opt_g)
+            first_k, first_i, G_state = int(resumed["k"]), int(resumed["i"]), resumed["pretrain_G"]
         bar = ctx.progress(total=h.num_discriminators * h.pretrain_steps, desc=f"{self.name} pretraining D_k")
-        for k, (D, opt_d) in enumerate(zip(self.discriminators, self._opt_d)):
+        bar.update(first_k * h.pretrain_steps + first_i)
+        for k in range(first_k, h.num_discriminators):
+            D, opt_d = self.discriminators[k], self._opt_d[k]
             if len(subsets[k]) == 0:
                 bar.update(h.pretrain_steps)
                 continue
-            G = ConditionalResNetGenerator(self.info.image_shape, self.info.num_classes, h.g_width, h.latent_dim,
-                                           h.embed_dim, h.g_spectral_norm).to(ctx.device)
-            opt_g = self._adam(G.parameters(), h.lr_g)
-            d_loss = w = float("nan")
-            for _ in range(h.pretrain_steps):
+            if G_state is None:
+                G = self._pretraining_generator(ctx.device)
+            else:  # resumed within D_k's pretraining: its generator from the checkpoint, and
+                with torch.random.fork_rng(devices=[]):  # the global RNG where it was saved
+                    G = self._pretraining_generator(ctx.device)
+            opt_gk = self._adam(G.parameters(), h.lr_g)
+            if G_state is not None:
+                G.load_state_dict(G_state["G"])
+                opt_gk.load_state_dict(G_state["opt"])
+            d_loss, w = (G_state["d_loss"], G_state["wasserstein"]) if G_state is not None else (float("nan"),) * 2
+            start, G_state = (first_i if k == first_k else 0), None
+            for i in range(start, h.pretrain_steps):
                 d_loss, w = self._critic_steps(D, opt_d, G, subsets[k], gen)
                 y = torch.randint(0, self.info.num_classes, (h.batch_size,), device=ctx.device, generator=gen)
                 g_loss = -D(G(self._latent(h.batch_size, ctx.device, gen), y), y).mean()
-                opt_g.zero_grad(set_to_none=True)
+                opt_gk.zero_grad(set_to_none=True)
                 g_loss.backward(inputs=list(G.parameters()))
-                opt_g.step()
+                opt_gk.step()
                 bar.update(1)
+                if i + 1 < h.pretrain_steps and ctx.checkpoint_due():
+                    ctx.checkpoint(self._pretraining_state(k, i + 1, opt_g, G, opt_gk, d_loss, w))
             ctx.record(phase="pretrain", discriminator=k, d_loss=d_loss, wasserstein=w)
+            if k + 1 < h.num_discriminators and ctx.checkpoint_due():
+                ctx.checkpoint(self._pretraining_state(k + 1, 0, opt_g))
         bar.close()
+
+    def _pretraining_generator(self, device) -> nn.Module:
+        h = self.hparams
+        return ConditionalResNetGenerator(self.info.image_shape, self.info.num_classes, h.g_width, h.latent_dim,
+                                          h.embed_dim, h.g_spectral_norm).to(device)
+
+    def _pretraining_state(self, k: int, i: int, opt_g, G=None, opt_gk=None, d_loss: float = float("nan"),
+                           w: float = float("nan")) -> dict:
+        """A checkpoint within pretraining: D_k's iteration ``i`` comes next (with D_k's
+        throw-away generator when ``i`` > 0), and the generator steps have not begun."""
+        state = self._training_state(0, opt_g)
+        state.update(phase="pretrain", k=k, i=i, pretrain_G=None if G is None else {
+            "G": G.state_dict(), "opt": opt_gk.state_dict(), "d_loss": d_loss, "wasserstein": w})
+        return state
 
     def _generator_loss(self, x: torch.Tensor, y: torch.Tensor, D: nn.Module, subset: Split, t: int,
                         gen: torch.Generator, logs: dict) -> torch.Tensor:
@@ -418,8 +459,6 @@ class GSWGAN(Method):
 
         self.discriminators = [self._new_discriminator().to(dev) for _ in range(h.num_discriminators)]
         self._opt_d = [self._adam(D.parameters(), h.lr_d) for D in self.discriminators]
-        if not ctx.resuming:
-            self._pretrain(subsets, ctx, data_gen)
 
         self.G.to(dev).train()
         if self.G_ema is not None:
@@ -432,8 +471,12 @@ class GSWGAN(Method):
                                       generator=noise_gen, scale=1.0 / h.batch_size,
                                       on_release=lambda: ctx.spend(PART, per))
         ctx.watch(PART, sanitizer)
-        r = ctx.restore()  # pretraining and the first t − 1 generator steps are in the checkpoint
-        start = self._restore(r, opt_g) + 1 if r is not None else 1
+        r = ctx.restore()  # a checkpoint within pretraining, or after it and generator step t
+        if r is None or r.get("phase") == "pretrain":
+            self._pretrain(subsets, ctx, data_gen, opt_g, resumed=r)
+            start = 1
+        else:
+            start = self._restore(r, opt_g) + 1
 
         if part.steps % per:
             raise AssertionError("planned steps are not a whole number of generator steps")

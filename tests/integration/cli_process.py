@@ -66,6 +66,10 @@ class CliProcess:
             os.unlink(self._err)
         return self.returncode
 
+    def stderr_so_far(self) -> str:
+        """What the running child has written to stderr yet."""
+        return Path(self._err).read_text() if self.returncode is None else self._stderr
+
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 

@@ -111,3 +111,85 @@ def test_sigint_during_dpaf_phase2_checkpoints_and_resumes(tmp_path, cli_runner)
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert json.loads((out / "privacy.json").read_text())["epsilon"]["rdp"] <= 5.0
+
+
+# GS-WGAN's pretraining (the paper preset's 1,000 discriminators take about a day on a GPU)
+# checkpoints too: within a discriminator's pretraining (its throw-away generator and
+# optimiser in the checkpoint) and between two discriminators (pretrain_steps = 1 has only
+# those). (--set overrides, the pretraining position (k, i) to wait for)
+PRETRAIN_CASES = {
+    "within-a-discriminator": (["num_discriminators=4", "pretrain_steps=30", "steps=10"], (1, 3)),
+    "between-discriminators": (["num_discriminators=16", "pretrain_steps=1", "steps=10"], (5, 0)),
+}
+
+
+def _pretraining_at(ckpt: Path) -> tuple[int, int] | None:
+    """(k, i) of a checkpoint written within pretraining, else None."""
+    try:
+        state = torch.load(ckpt, weights_only=True)["method"]
+    except Exception:  # noqa: BLE001 - not written yet
+        return None
+    return (state["k"], state["i"]) if state.get("phase") == "pretrain" else None
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "between-discriminators" else c
+                                  for c in sorted(PRETRAIN_CASES)])
+def test_run_killed_in_gswgan_pretraining_resumes_to_the_same_samples(case, tmp_path, cli_runner, one_thread):
+    sets, (k, i) = PRETRAIN_CASES[case]
+    ref = tmp_path / "uninterrupted"
+    res = cli_runner.invoke(cli, _args("gswgan", sets) + ["--out", str(ref)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+
+    out = tmp_path / "killed"
+    proc = CliProcess([*_args("gswgan", sets), "--out", str(out)],
+                      env={"OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0"}, cwd=ROOT)
+    wait_until(lambda: (_pretraining_at(out / "resume.pt") or (-1, -1)) >= (k, i), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at = _pretraining_at(out / "resume.pt")
+    assert at is not None, "the kill came after pretraining: raise pretrain_steps"
+    if case == "within-a-discriminator":
+        assert at[1] > 0  # the kill landed within D_k's pretraining (30 checkpoints each: all but one are)
+    assert _ledger(out / "resume.pt").get("generator_gradient", 0) == 0
+
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "resuming" in res.stderr
+    assert json.loads((ref / "privacy.json").read_text()) == json.loads((out / "privacy.json").read_text())
+    sa, sb = np.load(ref / "samples.npz"), np.load(out / "samples.npz")
+    np.testing.assert_array_equal(sa["labels"], sb["labels"])
+    np.testing.assert_allclose(sa["images"], sb["images"], atol=1e-4)
+    # The samples barely show it (each clipped gradient is small against the noise here): the
+    # training log must, so every record is compared. Each D_k's last pretraining record and
+    # every generator step's must equal the uninterrupted run's (a D_k whose pretraining is
+    # redone after the kill logs twice; its last record counts).
+    log = _train_log(out)
+    assert log == _train_log(ref)
+    assert sum(kind == "pretrain" for kind, _ in log) == int(sets[0].split("=")[1])  # K discriminators
+
+
+def _train_log(run: Path) -> dict:
+    """train.jsonl's records by ("pretrain", k) or ("step", t), the last of each, without time."""
+    records = {}
+    for line in (run / "train.jsonl").read_text().splitlines():
+        x = json.loads(line)
+        x.pop("time")
+        key = ("pretrain", x["discriminator"]) if x.get("phase") == "pretrain" else ("step", x["step"])
+        records[key] = x
+    return records
+
+
+def test_sigterm_in_gswgan_pretraining_checkpoints_and_exits(tmp_path):
+    """No checkpoint is due (the default 300 s): the signal alone makes the pretraining loop
+    write one and stop, not the 8,000 pretraining iterations left."""
+    out = tmp_path / "term"
+    sets = ["num_discriminators=4", "pretrain_steps=2000", "steps=10"]
+    proc = CliProcess([*_args("gswgan", sets), "--out", str(out)],
+                      env={"OMP_NUM_THREADS": "1", "DPGEN_PROGRESS_SECONDS": "0"}, cwd=ROOT)
+    wait_until(lambda: "pretraining D_k: step 20/" in proc.stderr_so_far(), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"resume with: bench run --resume {out}" in err
+    at = _pretraining_at(out / "resume.pt")
+    assert at is not None and at[0] == 0, at  # within D_0's 2,000 iterations, not at their end
