@@ -441,6 +441,11 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
             "tf32": allow_tf32,  # numerics.exact_float32: off unless DPGEN_ALLOW_TF32=1
         }
         store.write_json(run_dir / store.COMPLETE_MARKER, result)  # last: marks the run complete
+        # resume.pt is for an unfinished run only (--resume refuses a finished one), and it
+        # holds what is never released: state trained without noise (GS-WGAN's and DPAC's
+        # discriminators), every generator of randomness, the noise's included. A finished run
+        # keeps only what may be shared (checkpoint.pt: the released generator).
+        (run_dir / RESUME_FILE).unlink(missing_ok=True)
         return {"privacy": report.to_json(), **result}
     except Interrupted as e:
         e.run_dir = run_dir

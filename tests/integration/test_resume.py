@@ -56,6 +56,7 @@ def test_killed_run_resumes_to_the_same_privacy_record(tmp_path, cli_runner):
     assert a["parts"][0]["steps"] == b["parts"][0]["steps"] == STEPS
     assert a["epsilon"] == b["epsilon"] and a["parts"][0]["noise_multiplier"] == b["parts"][0]["noise_multiplier"]
     assert (out / "eval.json").is_file()
+    assert not (out / "resume.pt").exists()  # unreleased state (the noise's generator): gone once complete
     ma = json.loads((ref / "eval.json").read_text())["metrics"]["gen2real_cnn"]
     mb = json.loads((out / "eval.json").read_text())["metrics"]["gen2real_cnn"]
     assert abs(ma - mb) < 0.25  # within seed noise of a tiny model

@@ -155,6 +155,7 @@ def test_run_killed_in_gswgan_pretraining_resumes_to_the_same_samples(case, tmp_
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert "resuming" in res.stderr
+    assert not (out / "resume.pt").exists()  # the non-private discriminators do not outlive the run
     assert json.loads((ref / "privacy.json").read_text()) == json.loads((out / "privacy.json").read_text())
     sa, sb = np.load(ref / "samples.npz"), np.load(out / "samples.npz")
     np.testing.assert_array_equal(sa["labels"], sb["labels"])
