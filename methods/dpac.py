@@ -8,8 +8,8 @@ Implemented (§4.1 Eq. 4-9, §4.2 Eq. 10, §4.3, Algorithm 1, §5.1 and Table 5)
   subset d_k, and the generator's gradient sanitised on the generated images (Eq. 5, 9).
 - From generator iteration t_c on (Table 5 / §5.4: 6,000 for MNIST and F-MNIST, 1,000 for
   CelebA, of 20,000), at every generator iteration an auxiliary classifier C (DCGAN-style,
-  §5.1) is *re-initialised* (§4.3, ablation (3)) and trained *sequentially* (§4.3,
-  ablation (2)): n_f = 10 steps on generated data (fresh z, uniform labels; the g2r
+  §5.1) is *re-initialised* (Algorithm 1; §5.3, ablation (3)) and trained *sequentially*
+  (§4.3; §5.3, ablation (2)): n_f = 10 steps on generated data (fresh z, uniform labels; the g2r
   purpose, §4.1), then n_r = 10 steps on real batches drawn from the *same subset d_k* as
   the chosen discriminator (Algorithm 1, "Sample batch ⊆ D_k"; the r2g purpose, §4.2).
 - The generator's loss is β·L_D + (1−β)·L_C with β = 0.8 (Eq. 4, 10): L_D = −Σᵢ D_k(xᵢ, yᵢ),
@@ -56,9 +56,9 @@ Departures from the paper (besides GS-WGAN's, listed in ``methods.gswgan``):
 - The paper's validation of C on real data for monitoring / early stopping (§4.1
   "Remark on evaluating the utility") is not done: it would be a further access to
   private data that the paper does not account.
-- ``quick``/``tiny`` presets scale t_c with T (paper: 6000/20000 = 0.3 for MNIST), cut
-  n_f and n_r (2 each in ``quick``) to fit a CPU, and raise C's learning rate to 5e-3 so
-  that a fresh C learns something in 4 steps.
+- ``quick`` presets scale t_c with T (paper: 6000/20000 = 0.3 for MNIST), cut n_f and
+  n_r (2 each) to fit a CPU, and raise C's learning rate to 5e-3 so that a fresh C learns
+  something in 4 steps (``tiny``, for tests, only shrinks).
 - Iterations are counted from 1: C is used at iterations t > t_c (t_c = 0: from the start,
   as Table 5's "t_c = 0" row).
 - ``privacy_mode=paper`` (inherited from GS-WGAN) reproduces GS-WGAN's own accounting,

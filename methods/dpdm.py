@@ -50,7 +50,7 @@ Departures from the paper and the authors' code (docs/provenance.md, value by va
   K = 2, B = 32, 1,000 steps, 12 Heun steps, chosen on the validation part (2026-11-25;
   until then nf = 16 and 400 steps: 0.24 on the test split); the paper's network, K = 32
   and B = 4,096 are far beyond a CPU budget. The DP step costs ~2.7× the same non-private
-  step here (one thread, B·K = 256 rows). Without noise the same pipeline reaches 0.95 on
+  step here (one thread, B·K = 64 rows). Without noise the same pipeline reaches 0.95 on
   the validation part: the noise, not the network, limits it at N = 1,437; large batches
   at the same compute (σ/B 4× smaller) did not help, more steps did (benchmarks/presets.md).
 

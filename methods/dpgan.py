@@ -41,10 +41,10 @@ Departures from the paper:
   is a function of G's iterates, themselves post-processing of D's noised gradients.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
   grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
-  about 50 s on one core; ``paper`` presets use the paper's. The ``long`` preset (digits:
-  T = 6,000 and the paper's β = 0.99) is where adaptive n_D works at N = 1,437
-  (benchmarks/n_d.md): the quick preset's short EMA escalates n_D during D's untrained
-  first steps.
+  about a minute on one core (``preset_seconds``); ``paper`` presets use the paper's. The
+  ``long`` preset (digits: T = 6,000 and the paper's β = 0.99) is where adaptive n_D works
+  at N = 1,437 (benchmarks/n_d.md): the quick preset's short EMA escalates n_D during D's
+  untrained first steps.
 """
 
 from __future__ import annotations

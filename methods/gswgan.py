@@ -63,7 +63,7 @@ Departures from the papers:
   autodp's Theorem-9 bound), amplifying each of the B per-example gradients of a step
   separately although all B share one sampling event (the choice of k). We compose T
   steps of one subsampled Gaussian over the whole batch (noise multiplier σ_h/(2√B), rate
-  1/K, the same Theorem-9 bound): at the same σ_h this is far more expensive, so σ_h (or
+  1/K, Theorem 27's bound, above): at the same σ_h this is far more expensive, so σ_h (or
   T) is calibrated from the target ε as everywhere in this harness. The paper's σ = 1.07 /
   20,000 iterations (ε = 10 by its accounting) is not reproduced by default; ``paper``
   presets keep T = 20,000, K = 1,000, B = 32 and calibrate σ.
@@ -97,10 +97,10 @@ Departures from the papers:
   ``grad_input`` semantics changed across PyTorch versions (GS-WGAN's README warns).
   G's loss is a per-example sum and the hook scales by 1/B, which equals GS-WGAN's mean
   loss with its clip bound C/B.
-- ``quick``/``tiny`` presets (CPU) shrink K, T, pretraining, widths and the EMA horizon,
-  drop spectral norm and raise D's learning rate (1e-3) and G's Adam β₁ (0.9, with lr
-  2e-4) so that D learns in a few dozen steps and G averages its noisy gradient; the
-  ``paper`` presets use the papers' values (see ``presets``).
+- ``quick`` presets (CPU) shrink K, T, pretraining, widths and the EMA horizon, drop
+  spectral norm and raise D's learning rate (1e-3) and G's Adam β₁ (0.9, with lr 2e-4) so
+  that D learns in a few dozen steps and G averages its noisy gradient (``tiny``, for tests,
+  only shrinks); the ``paper`` presets use the papers' values (see ``presets``).
 
 Why GS-WGAN (and DP-GAN-DPAC) stays at chance on mnist-5k at every ε (issue 29; runs in
 benchmarks/presets.md, validation part, seed 0). Two limits, measured apart:
@@ -230,8 +230,8 @@ class GSWGAN(Method):
             # Adam 1e-3 for D (D must learn in a few dozen steps), 2e-4 with β₁ = 0.9 for G (a
             # noise-dominated gradient), EMA 0.995. ~60-80 s of training on one thread. Compared
             # on the validation part (--eval-split val, ε = 10) with T = 300 and with K = 25,
-            # B = 64: all at chance (benchmarks/presets.md); at ε = 10 the hook noise is ≈ 9.3·C
-            # per coordinate at this T.
+            # B = 64: all at chance (benchmarks/presets.md); at ε = 10 the hook noise is ≈ 8.8·C
+            # per coordinate at this T (σ = 0.777, times 2√B).
             "digits": _QUICK_DIGITS,
             # mnist-5k: K = 10 discriminators (5 pretraining and ~50 critic steps each), B = 16,
             # T = 500: the smallest budget seen at which the pipeline learns without noise
@@ -264,9 +264,11 @@ class GSWGAN(Method):
             "fashion-mnist": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000, pretrain_steps=2000,
                                   samples_per_class=6000),
             # DP-GAN-DPAC Tables 1-3 (GS-WGAN row on CelebA-gender 32×32): neither paper gives
-            # CelebA-specific values, so the MNIST ones are kept (K = 1000: ~163 per subset).
+            # CelebA-specific values, so the MNIST ones are kept (K = 1000: ~183 per subset of
+            # our 182,637 training images; ~163 of the paper's 162,770); 60,000 samples as on
+            # MNIST (the other methods' CelebA presets draw as many).
             "celeba-gender-32": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000,
-                                     pretrain_steps=2000),
+                                     pretrain_steps=2000, samples_per_class=30_000),
         },
     }
 
