@@ -85,7 +85,8 @@ class ImageData:
 
     def with_members(self, n: int, seed: int) -> "ImageData":
         """Train on ``n`` training images only; the same number of test images are the
-        non-members (GAN-Leaks protocol). Class-balanced random choice, seeded."""
+        non-members (GAN-Leaks protocol). Uniform random choice without replacement, seeded
+        (not stratified: a class's share of the members varies around its share of the split)."""
         rng = np.random.default_rng(seed)
         members = np.sort(rng.choice(len(self.train), size=n, replace=False))
         nonmembers = np.sort(rng.choice(len(self.test), size=n, replace=False))

@@ -453,7 +453,8 @@ def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None
 @click.option("--dataset", "-d", default=None, help="Comma-separated datasets [default: digits].")
 @click.option("--eps", default=None, help="Comma-separated target ε (ignored for non-private methods).")
 @click.option("--seeds", default=None, help="Comma-separated seeds [default: 0].")
-@click.option("--preset", default=None, help="Preset [default: quick].")
+@click.option("--preset", default=None,
+              help="Preset [default: quick where the method has one for the dataset, else paper].")
 @click.option("--members", default=None, help="Comma-separated member-set sizes (membership inference).")
 @click.option("--eval", "evaluators", default=None, help="Comma-separated evaluators [default: each preset's].")
 @click.option("--eval-split", "eval_split", type=click.Choice(EVAL_SPLITS), default=None,

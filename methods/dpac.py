@@ -132,7 +132,7 @@ class DPAC(GSWGAN):
             "digits": dict(_GS["quick"]["digits"], t_c=210, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
             "mnist-5k": dict(_GS["quick"]["mnist-5k"], t_c=150, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
         },
-        # GS-WGAN's long preset (4× the quick compute), C from 0.3·T as in quick
+        # GS-WGAN's long preset (the digits quick settings at T = 2,000), C from 0.3·T as in quick
         "long": {"mnist-5k": dict(_GS["long"]["mnist-5k"], t_c=600, n_f=2, n_r=2, c_width=8, lr_c=5e-3)},
         "tiny": {"*": dict(_GS["tiny"]["*"], t_c=10, n_f=2, n_r=2, c_width=4)},
         "paper": {

@@ -242,8 +242,9 @@ class GSWGAN(Method):
             "mnist-5k": dict(_QUICK_DIGITS, num_discriminators=10, pretrain_steps=5, batch_size=16, steps=500),
         },
         "long": {
-            # mnist-5k with 4× the quick preset's compute: 40 pretraining iterations per
-            # discriminator and T = 2,000 (~11 minutes on one core). The diagnostic of the
+            # mnist-5k with the digits quick settings (K = 50, B = 32) at 4× their T: 40
+            # pretraining iterations per discriminator and T = 2,000 (~11 minutes on one core;
+            # the mnist-5k quick preset has had K = 10, B = 16 since 2026-11-27). The diagnostic of the
             # module docstring's last paragraph: without noise this pipeline draws digits (val
             # 0.72), at ε = 10 it stays at chance (0.10): the noise binds, not the budget.
             "mnist-5k": dict(_QUICK_DIGITS, steps=2000, pretrain_steps=40),
