@@ -449,7 +449,9 @@ class DPDM(Method):
             raise UserError(f"central_downsample {ds} does not divide the image size {hh}×{ww}")
         pooled = c * (hh // ds) * (ww // ds)
         release = GaussianRelease(ctx, CENTRAL, sensitivity=math.sqrt(pooled), generator=noise_gen)
-        per_class = self.central_rate * len(train) / k  # public: N and the rate
+        # the plan's expected class count: public (the plan's N and the rate), never the split's
+        # size, which depends on the data (under bench audit's canaries, on which were drawn in)
+        per_class = self.central_rate * self.info.n_train / k
         images, labels = [], []
         for _ in range(h.central_queries):
             idx = poisson_batch(len(train), self.central_rate, data_gen, train.images.device)

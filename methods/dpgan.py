@@ -323,7 +323,11 @@ class DPGAN(Method):
                                     noise_generator=noise_gen)
         else:
             total, D = h.steps, self.D
-        q = min(1.0, h.batch_size / len(train))
+        # the planned rate B / N (N of the plan: under bench audit's canaries the split's size
+        # depends on which canaries were drawn in, the plan's does not)
+        q = self.sample_rate
+        if self.private and q != ctx.part(PART).sample_rate:
+            raise AssertionError("the sampling rate differs from the planned part's")
 
         g_steps, since_g, d_loss_sum, d_seen, start = 0, 0, 0.0, 0, 1
         inner_d = opt_d.original_optimizer if self.private else opt_d

@@ -96,6 +96,27 @@ def test_central_images_show_the_class_means_when_the_noise_is_small():
     assert images[1].float().mean().item() == pytest.approx(127.5, abs=4)
 
 
+def test_the_divisor_is_the_plans_not_the_splits_size():
+    """The central images divide the noisy sums by the plan's expected class count (rate ·
+    the plan's N / K), never by the split's size: under bench audit's canaries that size
+    depends on which canaries were drawn in, and under add/remove the divisor itself would
+    move with the record. Same data and noise, a plan N of 400 or 800: the release scales by
+    exactly 2 (a divisor of len(train) would give equal images)."""
+    n = 400
+    y = torch.arange(n) % 2
+    x = torch.where(y.view(-1, 1, 1, 1) == 0, -1.0, -0.5).expand(n, 1, 16, 16).clone()  # 0 and 0.25 in [0, 1]
+    out = []
+    for n_plan in (n, 2 * n):
+        m = DPDM(_feta(central_batch=n_plan, central_sigma=1e-3, central_queries=1, warmup_steps=0),
+                 DataInfo("digits", (1, 16, 16), 2, n_plan))  # rate 1 either way: every record in
+        budget = Budget(1e9)
+        ctx = FakeContext(PrivacyLedger(budget, m.plan(budget)), seed=0)
+        images, _ = m.central_images(Split(x, y), ctx, ctx.generator("data"), ctx.generator("n", offset=9))
+        out.append(images[1].float().mean().item())  # class 1: 0.25 in [0, 1], ~64 of 255
+    assert out[0] == pytest.approx(63.75, abs=3)
+    assert out[1] == pytest.approx(out[0] / 2, abs=3)
+
+
 # ------------------------------------------------------------------ the post-processing
 
 
