@@ -65,7 +65,7 @@ log = logging.getLogger("dpgen_bench")
 DEFAULT_GRADIENT_CANARIES = 1000  # per private part (white-box): Dirac coordinates or sanitiser directions
 DEFAULT_CANARIES = 500  # digits: ~250 included beside 1,437 real records; the bound's ceiling ~4.5 at 95 %
 BLACK_BOX_SAMPLES = 2000  # generated samples per class for the nearest-neighbour score
-WHITE_BOX = dict(restarts=4, steps=50, lam=0.2)  # GAN-Leaks latent optimisation, lighter than mia_*'s
+WHITE_BOX = dict(restarts=4, steps=50, lam=0.001)  # GAN-Leaks latent optimisation, lighter than mia_*'s
 
 
 def score_canaries(method: Method, canaries: Split, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -5,19 +5,23 @@ query by how well the generator reconstructs it, report the ROC AUC (scikit-lear
 
 Attacks (score = − reconstruction distance; a higher score says "member"):
 
-- full black-box: the attacker sees k generated samples only; distance to the nearest of
-  them (L2, batched ``torch.cdist``). For a conditional generator the k samples are drawn
+- full black-box: the attacker sees k generated samples only; L2 distance to the nearest
+  of them (batched ``torch.cdist``). For a conditional generator the k samples are drawn
   with the query's label (k per class; GAN-Leaks is unconditional: same-class search is
   the natural, stronger, adaptation).
 - partial black-box: the attacker can feed latent codes (and the label) and see outputs,
   no gradients: a derivative-free (1+λ) evolution strategy on z from the best of R
   random starts. GAN-Leaks uses Powell's method here; the ES is its batched equivalent.
-- white-box: gradient-based latent optimisation with L-BFGS (as GAN-Leaks) of
-  ‖G(z, y) − x‖² + λ (‖z‖²/d − 1)², from the best of R random starts.
+- white-box: gradient-based latent optimisation with L-BFGS (as GAN-Leaks).
+  Both latent attacks minimise GAN-Leaks' objective, the per-pixel mean squared error
+  plus ``mia_lambda``·(‖z‖² − d)² (their LAMBDA3 = 0.001), and their distance is that
+  mean squared error (``dpgen_bench.attacks`` lists the departures).
 - ``_calibrated``: the same distance minus the distance under a reference generator
   trained (non-privately, the ``gan`` method) on data disjoint from members and
-  non-members: the training split without the members (GAN-Leaks §5.4 "calibration").
-  The reference model is cached per (dataset, member set, seed, settings).
+  non-members: the training split without the members (GAN-Leaks §5.4 "calibration"; their
+  ``eval_roc.py`` subtracts the same quantities: L2 for full black-box, the mean squared
+  error for the others). The reference model is cached per (dataset, member set, seed,
+  settings).
 
 Beside each AUC the protocol records its uncertainty (``auc_uncertainty``, from
 ``dpgen_bench.auc``): DeLong's standard error, a 95 % interval, the spread an AUC of no leak
@@ -25,9 +29,12 @@ has at these sizes (±0.051 at 64 members against 64 non-members) and the one-si
 Mann–Whitney p-value of "members score higher". An AUC of 0.58 on 64 members is 1.6 null
 standard deviations from 0.5: not evidence of a leak by itself.
 
-Departures from GAN-Leaks: L2 only (no LPIPS term, which needs downloaded weights);
-derivative-free ES instead of Powell for partial black-box. ROC points are saved in the
-protocol for plotting.
+Departures from GAN-Leaks: no LPIPS term (it needs downloaded weights); derivative-free
+ES instead of Powell for partial black-box; the best of R random starts. Until 2026-11-28
+the latent attacks minimised ‖G(z) − x‖² summed over pixels plus 0.2·(‖z‖²/d − 1)², a prior
+thousands of times weaker than GAN-Leaks' (0.2 against 0.001·d²·pixels relative to the
+reconstruction), without the prior in partial black-box, and their calibration subtracted L2
+norms. ROC points are saved in the protocol for plotting.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ DEFAULTS = {
     "mia_k": 2000,  # generated samples per class for full black-box
     "mia_restarts": 8,  # random starts for latent optimisation
     "mia_steps": 100,  # ES generations / L-BFGS iterations
-    "mia_lambda": 0.2,  # latent prior weight (GAN-Leaks LAMBDA2)
+    "mia_lambda": 0.001,  # weight of the latent prior (‖z‖² − d)² (GAN-Leaks LAMBDA3)
     "mia_reference_steps": 1500,
 }
 
@@ -75,7 +82,8 @@ ATTACKS = {
     "full_black_box": lambda m, x, y, run, seed: full_black_box_distance(
         m, x, y, _opt(run, "mia_k"), run.data.num_classes, seed),
     "partial_black_box": lambda m, x, y, run, seed: partial_black_box_distance(
-        m, x, y, restarts=_opt(run, "mia_restarts"), steps=_opt(run, "mia_steps"), seed=seed),
+        m, x, y, restarts=_opt(run, "mia_restarts"), steps=_opt(run, "mia_steps"), lam=_opt(run, "mia_lambda"),
+        seed=seed),
     "white_box": lambda m, x, y, run, seed: white_box_distance(
         m, x, y, restarts=_opt(run, "mia_restarts"), steps=_opt(run, "mia_steps"), lam=_opt(run, "mia_lambda"),
         seed=seed),
@@ -159,7 +167,8 @@ class _MIA(Evaluator):
         dist = ATTACKS[self.attack](run.method, x, y, run, run.seed)
         proto: dict[str, Any] = {"attack": self.attack, "n_members": len(members), "n_nonmembers": len(nonmembers),
                                  "test_on": f"members vs non-members from the real {run.data.eval_split} split",
-                                 "distance": "L2 in [-1, 1] pixel space"}
+                                 "distance": "L2 in [-1, 1] pixel space" if self.attack == "full_black_box"
+                                 else "per-pixel mean squared error in [-1, 1] pixel space"}
         if self.calibrated:
             ref = reference_generator(run)
             dist = dist - ATTACKS[self.attack](ref, x, y, run, run.seed)
