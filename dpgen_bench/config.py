@@ -14,6 +14,7 @@ grid, ``dpgen_bench.run``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import types
@@ -109,6 +110,21 @@ def no_preset_message(method_cls: type, preset: str, dataset: str) -> str:
     return (f"preset '{preset}' of method '{method_cls.name}' has no settings for dataset '{dataset}' (has: {have})"
             f"{also}; --preset {DEFAULTS_PRESET} runs the method's own defaults on any dataset (bench list presets; "
             "--set KEY=VALUE overrides one)")
+
+
+# settings that do not change what a run trains on or how: left out of its random streams' key
+_NOT_IN_STREAM_KEY = ("seed", "device", "evaluators", "samples_per_class", "noise_off")
+
+
+def stream_key(config: "RunConfig") -> str:
+    """What a run's random streams are keyed by, beside its seed (``context.stream_seed``):
+    its training settings (method, dataset, ε, δ, preset, stable hparams, members, canaries,
+    split). Two runs differing in any of them draw independent batches and noise; a resumed
+    run (same config) draws the same. ``--noise-off`` is left out: its run is the noisy
+    run's pipeline with σ = 0, on the same batches (and releases nothing private)."""
+    d = {k: v for k, v in config.to_json().items() if k not in _NOT_IN_STREAM_KEY}
+    d["hparams"] = stable_hparams(config.method, config.hparams)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:

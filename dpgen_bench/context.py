@@ -4,6 +4,7 @@ directory: then nothing is written and checkpoints are never due."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -80,6 +81,16 @@ class LogProgress:
         return None
 
 
+RNG_STREAMS = 2  # env.json's rng_streams: 1 = seed + offset (until 2026-11-28), 2 = stream_seed
+
+
+def stream_seed(seed: int, name: str, key: str = "") -> int:
+    """A 63-bit seed for the stream ``name`` of a run with ``seed`` and settings ``key``:
+    the first 8 bytes of SHA-256 over the three."""
+    digest = hashlib.sha256(f"{int(seed)}\x1f{key}\x1f{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
 class TrainingContext(RunContext):
     """Privacy counts through ``ledger``; generators, checkpoints and ``train.jsonl`` in
     ``run_dir`` (None: none of them); ``resume``: a checkpoint read by the runner."""
@@ -90,10 +101,11 @@ class TrainingContext(RunContext):
     CHECKPOINT_OVERHEAD = 0.05
 
     def __init__(self, device: torch.device, seed: int, ledger: PrivacyLedger, run_dir: Path | None = None,
-                 resume: dict | None = None, audit=None):
+                 resume: dict | None = None, audit=None, stream_key: str = ""):
         self.device = torch.device(device)
         self.audit = audit  # privacy.canaries.GradientAudit under bench audit --white-box, else None
         self.seed = seed
+        self.stream_key = stream_key  # the run's training settings (config.stream_key): see generator
         self.ledger = ledger
         self.run_dir = run_dir
         self.stop_requested: int | None = None
@@ -124,9 +136,16 @@ class TrainingContext(RunContext):
     # --------------------------------------------------------------- randomness
 
     def generator(self, name: str, offset: int = 0) -> torch.Generator:
+        """The run's random stream ``name``, seeded by ``stream_seed(seed, name, stream_key)``:
+        a run's streams are independent of one another and of every other run's, so no run
+        releases another's noise (dpmerf's released frequencies at seed s were the noise of
+        its run at seed s + 2 while streams were seeded ``seed + offset``), and two runs of
+        the same seed at different ε or settings do not share their noise (two releases of
+        one sum with the same draw, scaled by different σ, give the sum back exactly).
+        ``offset`` is ignored (streams are told apart by name); kept for plugins that pass it."""
         if name in self._generators:
             raise ValueError(f"generator '{name}' was already made in this run")
-        g = torch.Generator(device=self.device).manual_seed(self.seed + offset)
+        g = torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, name, self.stream_key))
         if self._restored:
             g.set_state(self._resume["rng"]["generators"][name])
         self._generators[name] = g

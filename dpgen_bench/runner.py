@@ -25,7 +25,7 @@ import torch
 from . import numerics, registry, store
 from .grid import save_grid
 from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
-from .config import RunConfig
+from .config import RunConfig, stream_key
 from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext, stop_on_signals
 from .data import load_dataset
 from .data.files import MissingDataFiles
@@ -397,7 +397,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         torch.cuda.reset_peak_memory_stats(p.device)
     try:
         seed_everything(cfg.seed)
-        ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state, audit=audit)
+        ctx = TrainingContext(p.device, cfg.seed, p.ledger, run_dir, resume_state, audit=audit,
+                              stream_key=stream_key(cfg))
         try:
             with stop_on_signals(ctx), numerics.exact_float32(p.device, allow_tf32=allow_tf32):
                 p.method.fit(p.data.train, p.budget, ctx)

@@ -274,6 +274,7 @@ def environment(device: str) -> dict[str, Any]:
         "device": dev,
         "packages": versions,
         "git": git_commit(),
+        "rng_streams": 2,  # context.RNG_STREAMS: streams seeded by (seed, settings, name); 1 (absent): seed + offset
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -55,11 +55,14 @@ def test_make_private_takes_the_noise_of_the_planned_part():
                      expected_batch_size=4)
 
 
-def test_generators_are_seeded_by_name_offset_and_restored_on_resume(tmp_path):
+def test_generators_are_seeded_by_seed_settings_and_name_and_restored_on_resume(tmp_path):
+    from dpgen_bench.context import stream_seed
+
     ctx = TrainingContext(torch.device("cpu"), 7, PrivacyLedger(Budget(1e6), [PrivacyPart("d", 1.0, 0.5, 5)]),
-                          tmp_path)
+                          tmp_path, stream_key="k")
     g = ctx.generator("data", offset=1)
-    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(8)))
+    want = torch.Generator().manual_seed(stream_seed(7, "data", "k"))
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=want))
     with pytest.raises(ValueError):
         ctx.generator("data")
     ctx.spend("d", 2)
@@ -69,13 +72,67 @@ def test_generators_are_seeded_by_name_offset_and_restored_on_resume(tmp_path):
 
     state = torch.load(tmp_path / RESUME_FILE, weights_only=True)
     again = TrainingContext(torch.device("cpu"), 7, PrivacyLedger(Budget(1e6), [PrivacyPart("d", 1.0, 0.5, 5)]),
-                            tmp_path, resume=state)
+                            tmp_path, resume=state, stream_key="k")
     assert again.resuming and again.ledger.taken == {"d": 2}  # spent steps stay spent
     g2 = again.generator("data", offset=1)
     torch.rand(10)  # whatever happens before restore() is undone by it
     assert again.restore() == {"t": 2}
     assert torch.equal(torch.rand(4, generator=g2), expected[0]) and torch.equal(torch.rand(2), expected[1])
     again.close()
+
+
+def test_no_two_runs_share_a_random_stream():
+    """A run's streams are keyed by (seed, training settings, name): no stream of one run is
+    a stream of another (dpmerf's released frequencies at seed s were, with seed + offset
+    seeding, the noise of the run at seed s + 2), and runs of one seed at different ε, δ or
+    settings draw independent noise (the same draw scaled by two σ gives the sum back). A
+    resume (same config) and --noise-off (the noisy run's pipeline, σ = 0) keep the key."""
+    from dpgen_bench.config import stream_key
+    from dpgen_bench.context import stream_seed
+
+    names = ["data", "noise", "features", "latent", "choice", "diffusion", "central-noise", "gc", "warmup"]
+    configs = [build_config(m, "digits", epsilon=e, preset="tiny", seed=s)
+               for m in ("dpmerf", "dpmean", "dpgan") for e in (1.0, 10.0) for s in range(4)]
+    configs.append(build_config("dpgan", "digits", epsilon=1.0, preset="tiny", seed=0, sets=["steps=7"]))
+    configs.append(build_config("dpgan", "digits", epsilon=1.0, preset="tiny", seed=0, delta=1e-6))
+    draws = set()
+    for c in configs:
+        ctx = TrainingContext(torch.device("cpu"), c.seed, PrivacyLedger(Budget(1e6), []), stream_key=stream_key(c))
+        draws |= {tuple(torch.rand(4, generator=ctx.generator(n)).tolist()) for n in names}
+    assert len(draws) == len(configs) * len(names)
+    assert stream_seed(0, "noise", "") != stream_seed(0, "noise", stream_key(configs[0]))
+    noisy = build_config("dpgan", "digits", epsilon=1.0, preset="tiny", seed=0)
+    off = build_config("dpgan", "digits", epsilon=1.0, preset="tiny", seed=0, noise_off=True)
+    elsewhere = build_config("dpgan", "digits", epsilon=1.0, preset="tiny", seed=0, device="cuda",
+                             evaluators="gen2real_mlp")
+    assert stream_key(noisy) == stream_key(off) == stream_key(elsewhere)
+
+
+def test_dpmerf_releases_no_other_runs_noise(tmp_path, monkeypatch):
+    """End to end: the noise dpmerf's seed-2 run adds to its embedding sum is not the
+    frequencies its seed-0 run releases in checkpoint.pt (with seed + offset seeding the
+    two were one stream: correlation 1 over their common length)."""
+    from dpgen_bench.privacy.release import GaussianRelease
+    from dpgen_bench.runner import run
+
+    noise = []
+    real_call = GaussianRelease.__call__
+
+    def spy(self, value):
+        out = real_call(self, value)
+        if value.numel() > 1:  # the embedding sum (the count is one number)
+            noise.append((out - value).flatten())
+        return out
+
+    monkeypatch.setattr(GaussianRelease, "__call__", spy)
+    freqs = {}
+    for seed in (0, 2):
+        cfg = build_config("dpmerf", "digits", epsilon=10, preset="tiny", seed=seed, evaluators="gen2real_mlp")
+        run(cfg, out=str(tmp_path / f"s{seed}"))
+        freqs[seed] = torch.load(tmp_path / f"s{seed}" / "checkpoint.pt", weights_only=True)["freqs"].flatten()
+    n = min(len(noise[1]), len(freqs[0]))
+    corr = torch.corrcoef(torch.stack([noise[1][:n], freqs[0][:n].to(noise[1].dtype)]))[0, 1].abs().item()
+    assert corr < 0.1, corr
 
 
 @dataclass(frozen=True)
