@@ -175,8 +175,8 @@ class DPGAN(Method):
     presets = {
         "quick": {
             # CPU, digits 16×16: ~70 ms per step, ~75 s of training on one thread
-            # (benchmarks/README.md). Chosen on the validation part (--eval-split val, ε = 10;
-            # benchmarks/presets.md).
+            # (benchmarks/README.md). First tuned on the test split, then confirmed on the
+            # validation part (--eval-split val, ε = 10; benchmarks/presets.md, "Earlier history").
             "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
             # mnist-5k 28×28 (N = 4,000), about 80 s on one core: narrow nets (d = 16: the
