@@ -23,12 +23,15 @@ dataset, split, image size, n, content digest and extractor; the preprocessing i
 ``evaluators.inception``): a run asking for any of ``fid, kid, prc, fid_train`` runs
 InceptionV3 once over its samples, and once over each real split the first time it is seen.
 
-Metrics. The Fréchet distance is torch-fidelity's ``fid_statistics_to_metric`` (the reference
-TTUR ``fid.py``, Heusel et al. 2017) on statistics from its ``fid_features_to_statistics``. KID
+Metrics. The Fréchet distance is torch-fidelity's ``fid_statistics_to_metric`` (Heusel et al.
+2017's formula; tr √(Σ₁Σ₂) as the sum of the square roots of the product's eigenvalues, where
+the reference TTUR ``fid.py`` takes ``scipy.linalg.sqrtm`` with a 1e-6 ridge when that fails:
+equal for well-conditioned covariances, not always for singular ones) on statistics from its
+``fid_features_to_statistics``. KID
 (Bińkowski et al. 2018, "Demystifying MMD GANs") is its ``kid_features_to_metric`` (cubic
 polynomial kernel, 100 subsets of min(1000, n_gen, n_real) images, seeded by the run). FID is
-biased upwards for small sets: below 2,048 images on either side (the 2048-d covariance is
-then singular) the result carries a warning.
+biased upwards for small sets: at 2,048 images or fewer on either side (the 2048-d
+covariance of n images has rank ≤ n − 1, so it is singular) the result carries a warning.
 
 ``prc``: improved precision and recall (Kynkäänniemi et al., NeurIPS 2019) from torch-fidelity's
 ``prc_features_to_metric`` with k = 3 (``prc_neighborhood``, torch-fidelity's default): a
@@ -67,7 +70,7 @@ from evaluators import inception
 
 log = logging.getLogger("dpgen_bench")
 
-MIN_IMAGES = 2048  # below this on either side: small-sample warning
+MIN_IMAGES = 2048  # this many or fewer on either side: small-sample warning (n images: covariance rank ≤ n − 1)
 PRC_NEIGHBOURHOOD = 3  # k of precision / recall: Kynkäänniemi et al., torch-fidelity's default, DPImageBench's
 DC_NEIGHBOURHOOD = 5  # k of density / coverage: Naeem et al.'s recommended value
 PRC_BATCH = 10_000  # rows per cdist block (torch-fidelity's prc_batch_size default)
@@ -109,9 +112,9 @@ class _InceptionEvaluator(Evaluator):
         n_gen, n_real = len(run.images), len(real_images)
         if n_gen < 2 or n_real < 2:
             raise ValueError(f"{self.name}: need at least 2 images on each side (generated {n_gen}, real {n_real})")
-        small = n_gen < MIN_IMAGES or n_real < MIN_IMAGES
+        small = n_gen <= MIN_IMAGES or n_real <= MIN_IMAGES
         if small:
-            log.warning("%s on %d generated vs %d real images (< %d on a side): biased, not comparable with "
+            log.warning("%s on %d generated vs %d real images (≤ %d on a side): biased, not comparable with "
                         "published numbers", self.name.upper(), n_gen, n_real, MIN_IMAGES)
         threads = run.options.get("fid_num_threads")
         plan = inception.ExtractionPlan.for_run(device, batch_size, None if threads is None else int(threads),
@@ -163,7 +166,7 @@ class FID(_InceptionEvaluator):
             stats_gen = fid_features_to_statistics(gen)
             stats_real = {"mu": real["mu"].numpy(), "sigma": real["sigma"].numpy()}
             fid = fid_statistics_to_metric(stats_gen, stats_real, verbose=False)[KEY_METRIC_FID]
-        protocol["metric"] = "torch_fidelity.metric_fid.fid_statistics_to_metric (TTUR fid.py)"
+        protocol["metric"] = "torch_fidelity.metric_fid.fid_statistics_to_metric (eigenvalues of Σ₁Σ₂)"
         return self._finish({self.name: float(fid)}, protocol, t0)
 
 

@@ -138,7 +138,7 @@ def test_no_warning_from_the_threshold_on(inception_cache, monkeypatch, caplog):
     monkeypatch.setattr(F, "MIN_IMAGES", 30)  # the rule at a size that costs nothing
     real = _digits(40)
     with caplog.at_level(logging.WARNING, logger="dpgen_bench"):
-        at = F.KID().evaluate(_run(real, real[:30]))
-        below = F.KID().evaluate(_run(real, real[:29]))
+        at = F.KID().evaluate(_run(real, real[:31]))  # one more than the dimension: full rank possible
+        below = F.KID().evaluate(_run(real, real[:30]))  # n = d: the covariance is singular
     assert at["protocol"]["small_sample_warning"] is False and below["protocol"]["small_sample_warning"] is True
     assert len([r for r in caplog.records if r.name == "dpgen_bench"]) == 1
