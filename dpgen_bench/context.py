@@ -81,9 +81,6 @@ class LogProgress:
         return None
 
 
-RNG_STREAMS = 2  # env.json's rng_streams: 1 = seed + offset (until 2026-11-28), 2 = stream_seed
-
-
 def stream_seed(seed: int, name: str, key: str = "") -> int:
     """A 63-bit seed for the stream ``name`` of a run with ``seed`` and settings ``key``:
     the first 8 bytes of SHA-256 over the three."""

@@ -251,6 +251,11 @@ def _contains(made: str, commit: str, code_root: str) -> bool:
         return False
 
 
+# how a run's random streams were seeded (env.json): 2 = context.stream_seed (seed, settings,
+# name), since 2026-11-28; records without the key: 1, seed + offset
+RNG_STREAMS = 2
+
+
 def environment(device: str) -> dict[str, Any]:
     versions = {}
     for pkg in PACKAGES:
@@ -274,7 +279,7 @@ def environment(device: str) -> dict[str, Any]:
         "device": dev,
         "packages": versions,
         "git": git_commit(),
-        "rng_streams": 2,  # context.RNG_STREAMS: streams seeded by (seed, settings, name); 1 (absent): seed + offset
+        "rng_streams": RNG_STREAMS,
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

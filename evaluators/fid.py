@@ -27,9 +27,9 @@ Metrics. The Fréchet distance is torch-fidelity's ``fid_statistics_to_metric`` 
 2017's formula; tr √(Σ₁Σ₂) as the sum of the square roots of the product's eigenvalues, where
 the reference TTUR ``fid.py`` takes ``scipy.linalg.sqrtm`` with a 1e-6 ridge when that fails:
 equal for well-conditioned covariances, not always for singular ones) on statistics from its
-``fid_features_to_statistics``. KID
-(Bińkowski et al. 2018, "Demystifying MMD GANs") is its ``kid_features_to_metric`` (cubic
-polynomial kernel, 100 subsets of min(1000, n_gen, n_real) images, seeded by the run). FID is
+``fid_features_to_statistics``. KID (Bińkowski et al. 2018, "Demystifying MMD GANs") is its
+``kid_features_to_metric`` (cubic polynomial kernel, 100 subsets of min(1000, n_gen, n_real)
+images, seeded by the run). FID is
 biased upwards for small sets: at 2,048 images or fewer on either side (the 2048-d
 covariance of n images has rank ≤ n − 1, so it is singular) the result carries a warning.
 
