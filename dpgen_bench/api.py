@@ -231,10 +231,11 @@ class RunContext(abc.ABC):
     ``PrivacyViolation``. DPSGD parts need no call: the optimizer that
     ``dpgen_bench.privacy.dpsgd.make_private`` returns counts each of its steps.
 
-    Randomness: ``generator(name, offset)`` is a ``torch.Generator`` on the run's device
-    seeded with ``seed + offset``. The context saves these and torch's global generator in
-    every checkpoint and restores them on resume (``restore``); a method's own checkpoint
-    state is its weights, optimisers and counters only.
+    Randomness: ``generator(name)`` is a ``torch.Generator`` on the run's device seeded from
+    the run's seed, its training settings and ``name`` (no two runs, and no two names, share
+    a stream; ``offset`` is accepted and ignored). The context saves these and torch's
+    global generator in every checkpoint and restores them on resume (``restore``); a
+    method's own checkpoint state is its weights, optimisers and counters only.
 
     Resumable training: at the point where a fresh run would start its loop, a method calls
     ``restore()``: None on a fresh run, else the state it last passed to ``checkpoint``
