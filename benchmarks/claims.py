@@ -391,11 +391,22 @@ def replace_sections(previous: str, fresh: str, dataset: str, claims: list[dict]
         else:
             head, sep, tail = out.rpartition("\n_Last regenerated")
             out = f"{head}\n{new[1]}\n{sep}{tail}" if sep else f"{out}\n\n{new[1]}"
-    date = time.strftime("%Y-%m-%d")
-    ids = ", ".join(c["id"] for c in claims)
-    note = f"_Sections {ids} re-rendered {date} (`claims.py --only`); the others as last regenerated._"
-    out = re.sub(r"\n+_Sections .*? re-rendered .*?_$", "", out, flags=re.S)
-    return f"{out}\n\n{note}"
+    # which sections were re-rendered when: the previous note's entries, then these claims today
+    dates: dict[str, str] = {}
+    earlier = re.search(r"\n+_Sections (.*?) \(`claims.py --only`\); the others as last regenerated._$", out, re.S)
+    if earlier:
+        for group in re.finditer(r"(.+?) re-rendered (\d{4}-\d{2}-\d{2})(?:; |$)", earlier.group(1)):
+            dates.update(dict.fromkeys(group.group(1).split(", "), group.group(2)))
+        out = out[:earlier.start()]
+    today = time.strftime("%Y-%m-%d")
+    for c in claims:
+        dates.pop(c["id"], None)
+        dates[c["id"]] = today
+    by_date: dict[str, list[str]] = {}
+    for cid, d in dates.items():
+        by_date.setdefault(d, []).append(cid)
+    groups = "; ".join(f"{', '.join(ids)} re-rendered {d}" for d, ids in sorted(by_date.items()))
+    return f"{out}\n\n_Sections {groups} (`claims.py --only`); the others as last regenerated._"
 
 
 _BLOCK = re.compile(r"^<!-- claims:dataset=([^\s>]+) -->\n(.*?)\n<!-- /claims:dataset=\1 -->$", re.S | re.M)

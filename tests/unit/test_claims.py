@@ -241,6 +241,19 @@ def test_only_rerenders_its_claims_and_keeps_the_other_sections(tmp_path):
         assert claims.split_blocks(out.read_text())["digits"] == "digits"
 
 
+def test_the_re_render_note_keeps_earlier_sections_and_their_dates(monkeypatch):
+    """--only re-renders keep a record of every section re-rendered since the last full
+    regeneration, each with its date; a section re-rendered again moves to today."""
+    monkeypatch.setattr(claims.time, "strftime", lambda fmt, *a: "2026-11-28")
+    previous = ("x\n\n_Last regenerated 2026-11-25._\n\n_Sections small-n, ordering re-rendered 2026-11-26; "
+                "dpac-vs-gswgan re-rendered 2026-11-27 (`claims.py --only`); the others as last regenerated._")
+    out = claims.replace_sections(previous, "", "digits", [{"id": "mia"}, {"id": "ordering"}])
+    assert out.endswith("_Last regenerated 2026-11-25._\n\n_Sections small-n re-rendered 2026-11-26; "
+                        "dpac-vs-gswgan re-rendered 2026-11-27; mia, ordering re-rendered 2026-11-28 "
+                        "(`claims.py --only`); the others as last regenerated._")
+    assert out.count("_Sections") == 1
+
+
 def test_a_claim_restricted_to_one_dataset(tmp_path):
     spec = yaml.safe_load(CLAIMS_YAML.read_text())
     spec["claims"] = [c for c in spec["claims"] if c["id"] in ("ordering", "dpaf-ablations")]
