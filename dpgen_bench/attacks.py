@@ -65,7 +65,7 @@ def _norm_penalty(z: torch.Tensor) -> torch.Tensor:
     return ((z ** 2).sum(1) - z.shape[1]) ** 2
 
 
-def _best_start(method, x, y, restarts: int, rng, lam: float = 0.0) -> torch.Tensor:
+def _best_start(method, x, y, restarts: int, rng, lam: float) -> torch.Tensor:
     """The best of ``restarts`` random z per query by the attack's objective."""
     d = method.latent_dim
     target = _flat(x)
@@ -103,7 +103,8 @@ def partial_black_box_search(method: Method, x, y, *, restarts: int, steps: int,
         cand = z[:, None, :] + sigma[:, None, None] * torch.randn(len(x), population, z.shape[1], generator=rng)
         flat_c = cand.reshape(-1, z.shape[1])
         lab = yl.repeat_interleave(population) if yl is not None else None
-        c_mse = _mse(method, flat_c, lab, target.repeat_interleave(population, 0)).reshape(len(x), population)
+        out = _flat(method.generate(flat_c, lab)).reshape(len(x), population, -1)
+        c_mse = ((out - target[:, None]) ** 2).mean(2)  # broadcast: no copy of the targets per candidate
         obj = c_mse + lam * _norm_penalty(flat_c).reshape(len(x), population)
         o_min, idx = obj.min(1)
         improved = o_min < best

@@ -403,17 +403,17 @@ class GSWGAN(Method):
             if len(subsets[k]) == 0:
                 bar.update(h.pretrain_steps)
                 continue
-            if G_state is None:
+            # resumed within D_k's pretraining: its generator comes from the checkpoint, and
+            # building one must leave the global RNG where the checkpoint restored it
+            with torch.random.fork_rng(devices=[], enabled=G_state is not None):
                 G = self._pretraining_generator(ctx.device)
-            else:  # resumed within D_k's pretraining: its generator from the checkpoint, and
-                with torch.random.fork_rng(devices=[]):  # the global RNG where it was saved
-                    G = self._pretraining_generator(ctx.device)
             opt_gk = self._adam(G.parameters(), h.lr_g)
+            d_loss = w = float("nan")
+            start = 0
             if G_state is not None:
                 G.load_state_dict(G_state["G"])
                 opt_gk.load_state_dict(G_state["opt"])
-            d_loss, w = (G_state["d_loss"], G_state["wasserstein"]) if G_state is not None else (float("nan"),) * 2
-            start, G_state = (first_i if k == first_k else 0), None
+                d_loss, w, start, G_state = G_state["d_loss"], G_state["wasserstein"], first_i, None
             for i in range(start, h.pretrain_steps):
                 d_loss, w = self._critic_steps(D, opt_d, G, subsets[k], gen)
                 y = torch.randint(0, self.info.num_classes, (h.batch_size,), device=ctx.device, generator=gen)
