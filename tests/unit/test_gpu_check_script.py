@@ -10,6 +10,8 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
@@ -93,3 +95,50 @@ def test_a_capped_run_finishes_its_checkpoint_before_the_records_are_packed(tmp_
         names = set(tar.getnames())
     assert {"runs/dpgan-quick-s0/config.json", "runs/dpgan-quick-s0/interrupted.json"} <= names
     assert not any(n.endswith(".tmp") for n in names), names
+
+
+def test_stage_m_starts_the_mnist_paper_runs_resumes_the_cut_and_skips_the_finished(tmp_path):
+    fake = _fake_python(tmp_path)
+    runs = tmp_path / "mruns"
+    (runs / "dpgan-mnist-eps10").mkdir(parents=True)
+    (runs / "dpgan-mnist-eps10" / "config.json").write_text("{}")  # cut by an earlier call's cap
+    (runs / "dpmerf-mnist-eps10").mkdir()
+    for name in ("config.json", "eval.json"):  # finished in an earlier call
+        (runs / "dpmerf-mnist-eps10" / name).write_text("{}")
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="M", M_RUNS="dpaf dpmerf dpgan dpdm", M_RESULTS=str(runs))
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "dpgen_bench.cli" in c]
+    dpaf = next(c for c in calls if "--method dpaf" in c)
+    assert "--preset paper" in dpaf and "--set grad_sample_mode=hooks" in dpaf and "--dataset mnist " in dpaf
+    assert "--eps 10" in dpaf and "--device cuda" in dpaf and f"--out {runs}/dpaf-mnist-eps10" in dpaf
+    assert any("--method dpdm --preset gpu-short" in c for c in calls)
+    assert any(c.endswith(f"run --resume {runs}/dpgan-mnist-eps10 --device cuda") for c in calls), calls
+    assert not any("dpmerf" in c for c in calls)
+    assert "finished earlier" in (tmp_path / "out" / "M_mnist.log").read_text()
+    assert "M_mnist rc=0" in stages
+    with tarfile.open(tmp_path / "out" / "mnist_runs.tgz") as tar:
+        assert "mruns/dpmerf-mnist-eps10/eval.json" in tar.getnames()
+
+
+@pytest.mark.slow
+def test_stage_m_on_the_cpu_with_tiny_presets_brings_back_records_and_uint8_samples(tmp_path):
+    """The prepared GPU command, run here for real on tiny presets (about 90 s on 2 cores)."""
+    import json
+
+    import numpy as np
+
+    runs = tmp_path / "mruns"
+    proc, stages, _ = _run(tmp_path, PY=str(ROOT / ".venv" / "bin" / "python"), STAGES="M", DEVICE="cpu",
+                           M_PRESET_OVERRIDE="tiny", M_RUNS="dpaf dpmerf dpgan dpdm", M_RESULTS=str(runs))
+    assert proc.returncode == 0 and "M_mnist rc=0" in stages, (proc.stderr, stages)
+    out = tmp_path / "out"
+    for run in ("dpaf", "dpmerf", "dpgan", "dpdm"):
+        name = f"{run}-mnist-eps10"
+        privacy = json.loads((runs / name / "privacy.json").read_text())
+        assert privacy["epsilon"]["rdp"] <= privacy["target"]["epsilon"] == 10
+        assert 0 <= json.loads((runs / name / "eval.json").read_text())["metrics"]["gen2real_cnn"] <= 1
+        samples = np.load(out / f"samples_{name}.npz")
+        assert samples["images"].dtype == np.uint8 and samples["images"].shape[1:] == (1, 28, 28)
+    with tarfile.open(out / "mnist_runs.tgz") as tar:
+        names = tar.getnames()
+    assert "mruns/dpaf-mnist-eps10/privacy.json" in names and not any(n.endswith(".pt") for n in names)
