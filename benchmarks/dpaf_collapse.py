@@ -1,4 +1,4 @@
-"""Why DPAF's generator draws one image per class without noise (issue 29): DPAF's own
+"""Why DPAF's generator draws one image per class without noise: DPAF's own
 networks (``methods/dpaf/nets.py``) trained as a plain, non-private conditional GAN, with
 one element of DPAF's design switched at a time, and the samples' within-class spread
 (``dpaf_gap.within_class_std``; a generator that ignores z scores ≈ 0, the real images

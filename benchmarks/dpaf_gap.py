@@ -1,5 +1,5 @@
-"""What DPAF's discriminator can still tell apart at the end of a run (issue 29's no-noise
-gap): from finished run directories (``bench run --method dpaf ... [--noise-off]``), the
+"""What DPAF's discriminator can still tell apart at the end of a run (why dpaf without noise
+stays below a GAN of its size): from finished run directories (``bench run --method dpaf ... [--noise-off]``), the
 AUC with which
 
 - D (conv1*, conv2*, SIN, then the head on the *mean of B examples' features*, the input

@@ -111,7 +111,7 @@ mnist5k() {
             # the same schedule with the paper's networks (width 128, latent 128)
             dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set width=128 \
                 --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
-            # issue 29's candidate for dpgan's 0.5 on mnist-5k: the `long` preset's schedule (T = 6,000,
+            # the candidate for dpgan's 0.5 on mnist-5k: the `long` preset's schedule (T = 6,000,
             # n_D = 1, G's weight average 0.999) with the paper's networks; -val-: on the validation part;
             # C_SET adds settings to these runs (e.g. C_SET="--set lr_d=2e-4 --set lr_g=2e-4", the paper's)
             dpgan-wide-long-val-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \

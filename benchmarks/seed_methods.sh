@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29 item 4: the seed methods on real MNIST (mnist-5k, test split, quick presets,
+# The seed methods on real MNIST (mnist-5k, test split, quick presets,
 # 3 seeds): ε ∈ {1, 10, 100, 1000}, the same pipeline with the noise off, and the floor /
 # ceiling around them (dpmean, dpmerf at every ε; gan at ε = ∞). Records go to
 # results/claims (a second call skips complete cells; benchmarks/claims.py reads the same records);

@@ -170,6 +170,10 @@ class PrivacyPart:
 
     ``noise_multiplier`` is the noise std divided by the sensitivity; ``sample_rate`` is
     the Poisson sampling probability (1.0: the whole dataset every step).
+    ``noise_to_signal`` (set by the runner from :meth:`Method.noise_to_signal`; None where
+    the method does not say) is the norm of the noise on one step's released average in
+    units of the largest signal a record can give it: σ·√d / B for DP-SGD on d parameters
+    at expected batch B. Above ~1 the update is mostly noise, whatever ε says.
     """
 
     name: str
@@ -178,9 +182,10 @@ class PrivacyPart:
     steps: int
     mechanism: str = "subsampled_gaussian"
     epsilon: float = float("nan")  # this part alone, RDP, at the run's δ
+    noise_to_signal: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "mechanism": self.mechanism,
             "noise_multiplier": self.noise_multiplier,
@@ -188,6 +193,9 @@ class PrivacyPart:
             "steps": self.steps,
             "epsilon": self.epsilon,
         }
+        if self.noise_to_signal is not None:  # records of methods that do not say keep their old form
+            out["noise_to_signal"] = self.noise_to_signal
+        return out
 
 
 @dataclass(frozen=True)
@@ -312,6 +320,9 @@ class Method(abc.ABC):
     # sweep` starts its longest cells first so that no long cell starts last. Only the order of
     # cells depends on it; tests/test_readme.py holds `make demo` to its 5 minutes with them.
     preset_seconds: ClassVar[dict[str, dict[str, float]]] = {}
+    # A floor (e.g. dpmean's DP class means): the utility–privacy figures draw it as a band
+    # across the ε axis, never as a line.
+    is_floor: ClassVar[bool] = False
 
     def __init__(self, hparams: Any, info: DataInfo):
         self.hparams = hparams
@@ -322,6 +333,14 @@ class Method(abc.ABC):
         Otherwise one line saying whose accounting it is: a mode that follows a paper's
         own (unsound) privacy argument to reproduce its numbers. The line is written to
         privacy.json and `bench report` marks that run's ε."""
+        return None
+
+    def noise_to_signal(self, part: PrivacyPart) -> float | None:
+        """The norm of the noise on one step of ``part``'s released average, in units of the
+        largest signal one record can give it (the clip bound): σ·√d / B for DP-SGD on d
+        parameters at expected batch B (``dpgen_bench.privacy.dpsgd_noise_to_signal``).
+        Known before training, it predicts a noise-bound plan: `bench privacy` and
+        `--dry-run` print it and privacy.json records it. None: not stated."""
         return None
 
     @abc.abstractmethod

@@ -25,7 +25,7 @@ mechanism's output):
   released: not used.
 
 Scores are uncalibrated (no reference model, no paired control). On one positive-control
-run (issue 20) white_box_D's raw logit gave 1.72; calibrated by D's logits under the other
+run (the positive control below) white_box_D's raw logit gave 1.72; calibrated by D's logits under the other
 labels 1.29-1.59, by its logit on the un-negated image 1.16, by D's loss difference 1.47;
 black_box / white_box_G calibrated by their distances under other labels 0.85 / 0.21
 against 0.78 / 0.89 raw: none kept.

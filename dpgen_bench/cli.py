@@ -247,11 +247,15 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
     if plan.standard:
         click.echo(plan.standard)
     click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")
-    click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) |")
-    click.echo("|---|---|---|---|---|---|")
+    click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) | noise / signal |")
+    click.echo("|---|---|---|---|---|---|---|")
     for p in rep.parts:
+        ratio = "n/a" if p.noise_to_signal is None else f"{p.noise_to_signal:.3g}"
         click.echo(f"| {p.name} | {p.mechanism} | {p.noise_multiplier:.4f} | {p.sample_rate:.5f} | {p.steps} | "
-                   f"{p.epsilon:.4f} |")
+                   f"{p.epsilon:.4f} | {ratio} |")
+    if any(p.noise_to_signal is not None for p in rep.parts):
+        click.echo("noise / signal: the noise's norm on one step's released average over the largest signal a "
+                   "record gives it (σ·√d / B for DP-SGD; docs/accounting.md); far above 1, the steps are noise-bound")
     click.echo(f"composed epsilon: {rep.epsilon_rdp:.4f} (RDP, compared with the target), "
                f"{fmt_eps(rep.epsilon_prv, '.4f')} (PRV upper bound)")
 
@@ -308,10 +312,14 @@ def _first_line(obj) -> str:
 
 @cli.command()
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
-@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "audit", "runs"]), default="a",
+@click.option("--also", "also", multiple=True, metavar="DIR",
+              help="Further roots of run directories reported together with --results (e.g. the records "
+                   "committed under benchmarks/); repeatable.")
+@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "tiers", "audit", "runs"]), default="a",
               help="a: (ε, method) × (dataset, metric); b: method × metrics for one (dataset, ε); "
-                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); audit: the "
-                   "accountant's ε beside bench audit's lower bounds; runs: one row per run.")
+                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); tiers: method × "
+                   "preset (quick, long, paper) for one metric, beside the method's own paper's number; audit: "
+                   "the accountant's ε beside bench audit's lower bounds; runs: one row per run.")
 @click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layouts a, d) [default: all].")
 @click.option("--dataset", default=None, help="Dataset [default: layout b: the first; the others: all].")
 @click.option("--eps", type=float, default=None, help="Target ε (layout b) [default: all].")
@@ -321,14 +329,16 @@ def _first_line(obj) -> str:
 @click.option("--figures", default=None, help="Also write figures (PNG and PDF) into this directory.")
 @click.option("--require-commit", "require_commit", default=None, metavar="REV",
               help="Leave out the runs made by code without git commit REV (a fix made since).")
-def report(results, layout, metrics, dataset, eps, fmt, out, with_references, figures, require_commit):
+def report(results, also, layout, metrics, dataset, eps, fmt, out, with_references, figures, require_commit):
     """Comparison tables of the completed runs, in the papers' layouts."""
     import pandas as pd
 
     from .report import table as T
 
-    root = store.results_root(results)
-    _check_results_root(root)
+    roots = [store.results_root(results)] + [Path(a) for a in also]
+    for root in roots:
+        _check_results_root(root)
+    root = roots[0] if len(roots) == 1 else ", ".join(map(str, roots))
     if out:
         _check_writable(Path(out).parent, f"--out {out}")
         if Path(out).is_dir():
@@ -336,9 +346,13 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
     if figures:
         _check_writable(Path(figures), f"--figures {figures}")
     required = store.resolve_commit(require_commit) if require_commit else None
-    long, skipped = T.collect(root)
-    if skipped:
-        log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, root)
+    frames = []
+    for one in roots:
+        part, skipped = T.collect(one)
+        frames.append(part)
+        if skipped:
+            log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, one)
+    long = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if required and not long.empty:
         fresh = {d: store.made_after(Path(d), required) for d in long["run_dir"].unique()}
         stale = sum(not ok for ok in fresh.values())
@@ -371,6 +385,9 @@ def report(results, layout, metrics, dataset, eps, fmt, out, with_references, fi
         elif layout == "b":
             dataset = dataset or sorted(long["dataset"].unique())[0]
             tab = T.layout_b(agg, dataset, eps)
+        elif layout == "tiers":
+            dataset = dataset or sorted(long["dataset"].unique())[0]
+            tab = T.layout_tiers(full, dataset, eps, chosen[0] if chosen else "gen2real_cnn")
         elif layout == "audit":
             tab = T.layout_audit(agg, dataset)
         else:
@@ -436,9 +453,9 @@ def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None
                 "--members N --eval mia_auc_full_black_box (or another mia_auc_* evaluator)")
     if layout == "audit":
         return "layout audit shows bench audit's lower bounds, and no run here has an audit.json: run bench audit"
-    if layout == "b":
+    if layout in ("b", "tiers"):
         at = f" at ε = {eps:g}" if eps is not None else ""
-        return f"layout b: no completed run on {dataset}{at} (datasets with runs: {have})"
+        return f"layout {layout}: no completed run on {dataset}{at} (datasets with runs: {have})"
     if dataset:
         return f"no completed run on {dataset} (datasets with runs: {have})"
     return "nothing to report for this selection"

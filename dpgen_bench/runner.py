@@ -24,7 +24,7 @@ import torch
 
 from . import numerics, registry, store
 from .grid import save_grid
-from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyReport
+from .api import VAL_FRACTION, Budget, DataInfo, EvalInput, ImageData, Method, PrivacyPart, PrivacyReport
 from .config import RunConfig, stream_key
 from .context import CHECKPOINT_FORMAT, RESUME_FILE, TrainingContext, stop_on_signals
 from .data import load_dataset
@@ -240,12 +240,21 @@ def _too_low(e: Exception) -> bool:
     return isinstance(e, BudgetTooLow) or (isinstance(e, ValueError) and "budget is too low" in str(e).lower())
 
 
+def annotate_noise(method: Method, parts: list[PrivacyPart]) -> list[PrivacyPart]:
+    """The parts with the method's noise-to-signal ratio of each (``PrivacyPart.noise_to_signal``)."""
+    out = []
+    for part in parts:
+        ratio = method.noise_to_signal(part) if part.steps > 0 else None
+        out.append(dataclasses.replace(part, noise_to_signal=None if ratio is None else float(ratio)))
+    return out
+
+
 def plan_ledger(config: RunConfig, method: Method, budget: Budget) -> PrivacyLedger:
     """The method's calibrated plan in a ledger. A plan refused at this ε (no noise is large
     enough, a fixed noise allows no step, a split leaves a part nothing) is one line that
     names the smallest ε that works for this method, preset and data, when there is one."""
     try:
-        ledger = PrivacyLedger(budget, method.plan(budget))
+        ledger = PrivacyLedger(budget, annotate_noise(method, method.plan(budget)))
     except (UserError, ValueError) as e:
         if not (isinstance(e, UserError) or _too_low(e)) or not budget.private:
             raise

@@ -252,7 +252,7 @@ def _contains(made: str, commit: str, code_root: str) -> bool:
 
 
 # how a run's random streams were seeded (env.json): 2 = context.stream_seed (seed, settings,
-# name), since 2026-11-28; records without the key: 1, seed + offset
+# name); records without the key (older ones, CHANGELOG.md): 1, seed + offset
 RNG_STREAMS = 2
 
 

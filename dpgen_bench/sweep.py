@@ -13,6 +13,7 @@ never rewritten.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -127,12 +128,31 @@ def expand(grid: dict[str, Any]) -> list[Cell]:
     return list(cells.values())
 
 
+PRESET_SECONDS_FILE = "preset_seconds.json"  # package data, beside this module
+
+
+@functools.cache
+def measured_seconds() -> dict[str, dict[str, dict[str, float]]]:
+    """The built-in methods' measured wall seconds of one run, ``{method: {preset: {dataset:
+    seconds}}}``, from ``dpgen_bench/preset_seconds.json`` (how they were measured:
+    benchmarks/presets.md, "The measured seconds of the presets")."""
+    from importlib.resources import files
+
+    return json.loads(files(__package__).joinpath(PRESET_SECONDS_FILE).read_text(encoding="utf-8"))
+
+
+def preset_seconds(method: str) -> dict[str, dict[str, float]]:
+    """``{preset: {dataset: seconds}}`` of a method: its own ``Method.preset_seconds`` when it
+    sets one (a plugin), else the built-ins' data file (``measured_seconds``)."""
+    own = registry.methods.attribute(method, "preset_seconds") or {}
+    return own or measured_seconds().get(method, {})
+
+
 def expected_seconds(cell: Cell) -> float:
-    """The method's measured seconds for the cell's preset and dataset
-    (``Method.preset_seconds``), ∞ when unknown: a cell of unknown length starts early."""
+    """The method's measured seconds for the cell's preset and dataset (``preset_seconds``),
+    ∞ when unknown: a cell of unknown length starts early."""
     c = cell.config
-    table = registry.methods.attribute(c.method, "preset_seconds") or {}
-    return float(table.get(c.preset, {}).get(c.dataset, math.inf))
+    return float(preset_seconds(c.method).get(c.preset, {}).get(c.dataset, math.inf))
 
 
 def longest_first(cells: list[Cell]) -> list[Cell]:

@@ -30,11 +30,8 @@ Mann–Whitney p-value of "members score higher". An AUC of 0.58 on 64 members i
 standard deviations from 0.5: not evidence of a leak by itself.
 
 Departures from GAN-Leaks: no LPIPS term (it needs downloaded weights); derivative-free
-ES instead of Powell for partial black-box; the best of R random starts. Until 2026-11-28
-the latent attacks minimised ‖G(z) − x‖² summed over pixels plus 0.2·(‖z‖²/d − 1)², a prior
-thousands of times weaker than GAN-Leaks' (0.2 against 0.001·d²·pixels relative to the
-reconstruction), without the prior in partial black-box, and their calibration subtracted L2
-norms. ROC points are saved in the protocol for plotting.
+ES instead of Powell for partial black-box; the best of R random starts (the objective's
+earlier, weaker prior: CHANGELOG.md). ROC points are saved in the protocol for plotting.
 """
 
 from __future__ import annotations

@@ -119,25 +119,18 @@ class DPAC(GSWGAN):
 
     name = "dpac"
     Hparams = DPACHparams
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds); the mnist-5k
-    # quick cell re-measured on 2026-11-27 after its preset changed, divided by that day's 1.3×
-    # (the unchanged cells took 1.3× their 2026-11-25 times)
-    preset_seconds = {"quick": {"mnist-5k": 55}, "long": {"mnist-5k": 880}}
     presets = {
         "quick": {
-            # GS-WGAN's quick preset plus C from 0.3·T (the paper's 6000/20000); n_f = n_r = 2 and
-            # Adam 5e-3 for C so that a fresh C learns something in 4 steps at CPU cost. Compared
-            # with t_c = 0 on the validation part (--eval-split val, ε = 10): both at chance
-            # (benchmarks/presets.md); the paper's ratio is kept.
+            # GS-WGAN's quick + C from 0.3·T (the paper's ratio; t_c = 0 no better on val, benchmarks/presets.md)
             "digits": dict(_GS["quick"]["digits"], t_c=210, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
             "mnist-5k": dict(_GS["quick"]["mnist-5k"], t_c=150, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
+            "mnist": dict(_GS["quick"]["mnist"], t_c=150, n_f=2, n_r=2, c_width=8, lr_c=5e-3),
         },
         # GS-WGAN's long preset (the digits quick settings at T = 2,000), C from 0.3·T as in quick
         "long": {"mnist-5k": dict(_GS["long"]["mnist-5k"], t_c=600, n_f=2, n_r=2, c_width=8, lr_c=5e-3)},
         "tiny": {"*": dict(_GS["tiny"]["*"], t_c=10, n_f=2, n_r=2, c_width=4)},
         "paper": {
-            # §5.1 / §5.4 / Table 5 "Ours": GS-WGAN's settings (K = 1000, B = 32, T = 20,000),
-            # t_c = 6000 (MNIST, F-MNIST) / 1000 (CelebA), β = 0.8, n_f = n_r = 10.
+            # §5.1 / §5.4 / Table 5 "Ours" on GS-WGAN's settings (docs/provenance.md, "dpac")
             "mnist": dict(_GS["paper"]["mnist"], t_c=6000, beta=0.8, n_f=10, n_r=10),
             "fashion-mnist": dict(_GS["paper"]["fashion-mnist"], t_c=6000, beta=0.8, n_f=10, n_r=10),
             "celeba-gender-32": dict(_GS["paper"]["celeba-gender-32"], t_c=1000, beta=0.8, n_f=10, n_r=10),

@@ -45,10 +45,10 @@ Departures from the paper and the authors' code (docs/provenance.md, value by va
   conditional on gender (the harness' CelebA-Gender tables need labels). The network is our
   DDPM++-style ``ConditionalUNet`` with NCSN++'s widths, depth and attention, not NCSN++
   itself (plain conv down/up-sampling instead of BigGAN blocks). The paper presets have not
-  run yet (a GPU job: issue 28).
+  run yet (a GPU job).
 - ``quick`` (digits 16×16, CPU): nf = 8, levels (1, 2), one block per level, no attention,
-  K = 2, B = 32, 1,000 steps, 12 Heun steps, chosen on the validation part (2026-11-25;
-  until then nf = 16 and 400 steps: 0.24 on the test split); the paper's network, K = 32
+  K = 2, B = 32, 1,000 steps, 12 Heun steps, chosen on the validation part (the first
+  increment's nf = 16 and 400 steps did worse); the paper's network, K = 32
   and B = 4,096 are far beyond a CPU budget. The DP step costs ~2.7× the same non-private
   step here (one thread, B·K = 64 rows). Without noise the same pipeline reaches 0.95 on
   the validation part: the noise, not the network, limits it at N = 1,437; large batches
@@ -84,11 +84,9 @@ presets (MNIST, Fashion-MNIST) take their configs: central batch 6,000, σ 5, 5 
 2,000 warm-up steps of 50, then their DPDM settings (150 epochs: T = 2,250; NCSN++ nf = 32,
 ch_mult (2, 2), attention at 14, B = 4,096, K = 32, 50-step "ddim"). ``quick-feta`` (digits,
 mnist-5k, CPU): the central images from the whole split (rate 1), five queries, σ calibrated
-to 30 % of ε (``central_share``), 600 warm-up steps. Measured on digits (val, seed 0, ε = 10):
-gen2real CNN 0.889 against 0.204 for the same network alone (the quick preset before
-2026-11-25; today's ``quick``, nf 8 and 1,000 steps: 0.315); at ε = 1 0.227 (the central images
-are noise at N = 1,437); on mnist-5k 0.250 / 0.087 (its demo-sized net limits it).
-benchmarks/presets.md has the table.
+to 30 % of ε (``central_share``), 600 warm-up steps. On digits at ε = 10 the warm start, not
+DP-SGD, carries the result; at ε = 1 the central images are noise, and on mnist-5k the
+demo-sized network limits it (benchmarks/presets.md, "dpdm with DP-FETA's warm start").
 """
 
 from __future__ import annotations
@@ -105,7 +103,8 @@ from torch import nn
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.unet import ConditionalUNet
-from dpgen_bench.privacy import calibrate_noise, steps_and_noise
+from dpgen_bench.privacy import (calibrate_noise, dpsgd_noise_to_signal, parameter_count, release_noise_to_signal,
+                                 steps_and_noise)
 from dpgen_bench.privacy.accounting import calibrate_beside
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_chunk
 from dpgen_bench.privacy.release import GaussianRelease
@@ -327,49 +326,30 @@ class DPDM(Method):
     late_hparams = {f.name: f.default for f in dataclasses.fields(DPDMHparams)
                     if f.name in ("warmup", "central_batch", "central_queries", "central_sigma", "central_share",
                                   "central_downsample", "warmup_steps", "warmup_batch", "warmup_lr", "warmup_augment")}
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
-    preset_seconds = {"quick": {"digits": 136, "mnist-5k": 52}}
     presets = {
         "quick": {
-            # digits 16×16, CPU: a narrow U-Net (nf 8) without attention, K = 2, T = 1,000, chosen on
-            # the validation part (ε = 10: 0.315 / 0.389 for seeds 0 / 1 against 0.204 / 0.199 for the
-            # first increment's nf 16, T = 400; benchmarks/presets.md); ~1.5 minutes on one core
+            # a narrow U-Net and more steps, chosen on val (benchmarks/presets.md, "dpdm")
             "digits": dict(batch_size=32, noise_multiplicity=2, steps=1000, nf=8, ch_mult=(1, 2),
                            num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.99, sampler_steps=12,
                            samples_per_class=100),
-            # mnist-5k 28×28, CPU: the demo's budget (the demo runs nine methods in ≈ 5 minutes):
-            # nf = 8, K = 1, 150 steps, 6 sampler steps; about a minute a run with its evaluation
-            # (gen2real / real2gen CNN 0.120 / 0.097 at ε = 10, seed 0). Kept after a search on the
-            # validation part (benchmarks/presets.md): no candidate within the budget beats it, and
-            # without noise the same network reaches only 0.18: it draws blobs at this compute.
+            # the demo's budget; nothing within it beats this on val (benchmarks/presets.md, "dpdm")
             "mnist-5k": dict(batch_size=32, noise_multiplicity=1, steps=150, nf=8, ch_mult=(1, 2),
                              num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=6,
                              samples_per_class=100),
+            "mnist": dict(batch_size=32, noise_multiplicity=1, steps=150, nf=8, ch_mult=(1, 2),
+                          num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=6,
+                          samples_per_class=100),
         },
-        # The paper's settings (Dockhorn et al., TMLR 2023, App. / the authors' configs
-        # configs/{mnist_28,fmnist_28,celeba_32}/train_eps_*.yaml; docs/provenance.md value by
-        # value): EDM loss, B = 4,096 (2,048 CelebA), K = 32, Adam 3e-4, EMA 0.999, C = 1, 300
-        # epochs, the authors' "ddim" (Euler) sampler with 50 steps; NCSN++ nf = 32, (1, 2, 2),
-        # 2 blocks, attention at 7 (MNIST) or 16 and 8 (CelebA-32). T = 300 epochs × ⌈N/B⌉
-        # batches (their Opacus loader runs ⌈N/B⌉ batches an epoch): 4,500 at N = 60,000,
-        # 27,000 for our CelebA-Gender-32 (N = 182,637); σ is calibrated here at q = B/N for
-        # that T (theirs: q = 1/⌈N/B⌉, slightly smaller). Chunks of 64 (32) examples, i.e.
-        # 2,048 (1,024) rows: the authors' physical batch of 8,192 rows is split over n_splits
-        # = 4 (2,048 rows a split); 256 examples (8,192 rows) ran out of an H200's 139 GiB under
-        # bk, 64 peak at 33 GiB (benchmarks/README.md, GPU); the update is the same.
-        # 60,000 generated images for evaluation.
-        # the paper's MNIST preset cut to T = 12 steps (σ calibrated for it): what one call of
-        # an H200 trains at ~24 s a step (benchmarks/README.md, "MNIST on a GPU")
+        # the paper's MNIST preset cut to T = 12 steps (benchmarks/README.md, "MNIST on a GPU")
         "gpu-short": {"mnist": dict(_PAPER_28, steps=12, samples_per_class=6000)},
+        # the authors' configs, T = 300 epochs of ⌈N/B⌉ batches (docs/provenance.md, "dpdm")
         "paper": {
             "mnist": dict(_PAPER_28, samples_per_class=6000),
             "fashion-mnist": dict(_PAPER_28, samples_per_class=6000),
             "celeba-gender-32": dict(_PAPER_28, batch_size=2048, steps=27_000, attn_resolutions=(16, 8),
                                      max_physical_batch=32, delta=1e-6, samples_per_class=30_000),
         },
-        # the first increment's quick network (digits: nf 16, T = 400) + DP-FETA's warm start on the
-        # CPU sets (benchmarks/presets.md): central images from the whole split (rate 1) five
-        # times, σ calibrated to 30 % of ε; 600 warm-up steps of 50
+        # the first increment's digits net + DP-FETA's warm start (benchmarks/presets.md, "DP-FETA's warm start")
         "quick-feta": {
             "digits": dict(batch_size=32, noise_multiplicity=2, steps=400, nf=16, ch_mult=(1, 2), num_res_blocks=1,
                            attn_resolutions=(), lr=1e-3, ema_decay=0.99, sampler_steps=12, samples_per_class=100,
@@ -380,10 +360,7 @@ class DPDM(Method):
                              warmup="central", central_batch=4000, central_queries=5, central_share=0.3,
                              warmup_steps=600, warmup_batch=50, warmup_lr=3e-4),
         },
-        # DP-FETA as DPImageBench runs it (configs/DP-FETA/{mnist,fmnist}_28_eps{1.0,10.0}.yaml at
-        # commit 565f8d7; module docstring): central images (batch 6,000, σ 5, 5 queries), 2,000
-        # warm-up steps of 50 at lr 3e-4, then their DPDM: 150 epochs (T = 150 × ⌈60,000/4,096⌉ =
-        # 2,250), NCSN++ nf = 32, ch_mult (2, 2), 2 blocks, attention at 14, B = 4,096, K = 32.
+        # DP-FETA as DPImageBench runs it (docs/provenance.md, "dpdm --preset feta")
         "feta": {
             "mnist": dict(_PAPER_28, steps=2250, ch_mult=(2, 2), attn_resolutions=(14,), warmup="central",
                           central_batch=6000, central_queries=5, central_sigma=5.0, warmup_steps=2000,
@@ -416,6 +393,17 @@ class DPDM(Method):
     @property
     def central_rate(self) -> float:
         return min(1.0, self.hparams.central_batch / self.info.n_train)
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """DP-SGD: σ·√d_U-Net / B. The central images: each class's noisy sum of pooled
+        images read as the mean of its expected rate·N/k records (``central_images``)."""
+        h = self.hparams
+        if part.name == CENTRAL:
+            c, hh, ww = self.info.image_shape
+            pooled = c * (hh // h.central_downsample) * (ww // h.central_downsample)
+            per_class = self.central_rate * self.info.n_train / self.info.num_classes
+            return release_noise_to_signal(part.noise_multiplier, pooled, per_class)
+        return dpsgd_noise_to_signal(part.noise_multiplier, parameter_count(self.net), h.batch_size)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         h = self.hparams

@@ -20,7 +20,7 @@ materialised for the wide layers, the same update as Opacus' per-example hooks
 (``tests/unit/test_fastclip.py``). Measured D step against the same non-private step, one
 CPU thread (``make bench-dp``, benchmarks/README.md): 1.18–1.35× at the paper width (MNIST,
 d = 128, B = 128) and 1.8× at the quick width, against 4.3–5.7× and 3.6× for Opacus'
-``hooks`` (the default until 2026-11) and 6.3× / 3.4× for Opacus' ``ghost`` (it has no
+``hooks`` (the default before) and 6.3× / 3.4× for Opacus' ``ghost`` (it has no
 ghost norm for convolutions, so it still builds every conv's per-example gradient).
 
 Budget: either the preset fixes the number of D steps T and σ is calibrated from the
@@ -41,7 +41,7 @@ Departures from the paper:
   is a function of G's iterates, themselves post-processing of D's noised gradients.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
   grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
-  about a minute on one core (``preset_seconds``); ``paper`` presets use the paper's. The
+  about a minute on one core (dpgen_bench/preset_seconds.json); ``paper`` presets use the paper's. The
   ``long`` preset (digits: T = 6,000 and the paper's β = 0.99) is where adaptive n_D works
   at N = 1,437 (benchmarks/n_d.md): the quick preset's short EMA escalates n_D during D's
   untrained first steps.
@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
-from dpgen_bench.privacy import steps_and_noise
+from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, steps_and_noise
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_chunk
 
 N_D_SCHEDULE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -170,49 +170,23 @@ class DPGAN(Method):
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
     # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
     late_hparams = {"g_ema": 0.0}
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
-    preset_seconds = {"quick": {"digits": 65, "mnist-5k": 81}}
     presets = {
         "quick": {
-            # CPU, digits 16×16: ~70 ms per step, ~75 s of training on one thread
-            # (benchmarks/README.md). First tuned on the test split, then confirmed on the
-            # validation part (--eval-split val, ε = 10; benchmarks/presets.md, "Earlier history").
+            # first tuned on the test split, then confirmed on val (benchmarks/presets.md, "Earlier history")
             "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
-            # mnist-5k 28×28 (N = 4,000), about 80 s on one core: narrow nets (d = 16: the
-            # per-coordinate noise on D's mean gradient is σ/2B, its norm grows as √params) and
-            # n_D = 2, the best of 18 settings on the validation part (ε = 10; 0.225 / 0.222 for
-            # seeds 0 / 1; benchmarks/presets.md). Not a working DP-GAN: at this N and CPU budget
-            # every setting tried stays below 0.25 with noise; without it these narrow nets reach
-            # 0.20 (test) and the width-32 nets 0.62 — see benchmarks/presets.md for the evidence.
-            # Width is not what the noise punishes here: the same schedule with the paper's nets
-            # (d = 128, latent 128) reaches 0.577 on the test split (seed 0, CPU, 32 min on one
-            # thread; 0.565 / 0.436 on an H100 in ~20 s; val 0.455 against this preset's 0.225;
-            # seeds 1 / 2: 0.130 / 0.439, so 0.382 ± 0.229 over three: not a sure pass either),
-            # width 64 only 0.117 (val, one seed): narrow is this preset's CPU budget, not the
-            # better setting. It is the pair that must be wide: the paper's D against this G wins
-            # for good by step 200 (val 0.105), a wider G against this D gains nothing, and
-            # learning rates, D's width alone and weight decay stay within one seed's band
-            # (benchmarks/presets.md, 2026-11-27).
+            # narrow nets for the demo's CPU budget, n_D = 2: best of 18 on val (benchmarks/presets.md, "dpgan")
             "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
+            # mnist-5k's minute at N = 60,000 (benchmarks/presets.md, "Full MNIST")
+            "mnist": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
+                          lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },
         "long": {
-            # Where the paper's adaptive n_D shows on digits (benchmarks/n_d.md, chosen on the
-            # validation part): the quick networks with 4× the D steps (T = 6,000, σ
-            # recalibrated) and the paper's EMA (β = 0.99, grace 2/(1−β) = 200 G steps). With
-            # --n-d adaptive: 0.73 ± 0.04 gen2real CNN (val, 3 seeds), above every fixed n_D at
-            # this T (best n_D = 5: 0.55) and n_D = 1 at the quick preset's T (0.65). The quick
-            # preset's β = 0.95 (grace 40) escalates n_D during D's first, untrained steps and
-            # never comes back (0.25 at T = 6,000). About 3 minutes on one core.
+            # 4× quick's T and the paper's EMA: where adaptive n_D works on digits (benchmarks/n_d.md)
             "digits": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.99, samples_per_class=100),
-            # mnist-5k: the levers the quick preset's search found (benchmarks/presets.md): many
-            # generator steps (n_D = 1, T = 6,000) and the width-32 nets, with the samples drawn
-            # from G's weight average (β = 0.999): val 0.512 / 0.605 / 0.472 (seeds 0 / 1 / 2;
-            # 0.455 / 0.447 / 0.358 without the average); test 0.496 ± 0.017 (3 seeds, 2026-11-25),
-            # 0.428 ± 0.101 with the code of 2026-11-27 (CLAIMS.md: bit-level changes to clipping redrew the seeds).
-            # About 6 minutes alone on one core, 11 two to a 2-core machine.
+            # the quick search's levers: many G steps, width 32, G's weight average (benchmarks/presets.md, "dpgan")
             "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, g_ema=0.999, samples_per_class=100),
         },
@@ -220,28 +194,17 @@ class DPGAN(Method):
             "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
                       samples_per_class=10),
         },
-        # the paper's MNIST preset cut to T = 4,000 D steps (σ calibrated for it), ~6 min of an
-        # H200 beside other runs (benchmarks/README.md, "MNIST on a GPU")
+        # the paper's MNIST preset cut to T = 4,000 D steps (benchmarks/README.md, "MNIST on a GPU")
         "gpu-short": {
             "mnist": dict(batch_size=512, steps=4000, n_d="adaptive", threshold_by_epsilon="1:0.7,10:0.6",
                           samples_per_class=6000),
         },
         "paper": {
-            # Table 2 "+ adaptive n_D", App. B / D.3, authors' exp_configs {mnist,fashionmnist}-
-            # eps{1,10}-adaptive.yaml: B=512, σ=2 (ε=10, T≈174K) or σ=14 (ε=1, T≈165K), thresh
-            # 0.60 (ε=10) / 0.70 (ε=1); 60K generated images for evaluation (§4). T is derived
-            # here at q = B/N (171,757 / 163,941); the authors' Opacus loader uses q = 1/⌈N/B⌉
-            # (174,152 / 166,223): docs/provenance.md.
+            # Table 2 "+ adaptive n_D" and App. C (CelebA), the authors' exp_configs: docs/provenance.md, "dpgan"
             "mnist": dict(batch_size=512, noise_by_epsilon="1:14,10:2", n_d="adaptive",
                           threshold_by_epsilon="1:0.7,10:0.6", samples_per_class=6000),
             "fashion-mnist": dict(batch_size=512, noise_by_epsilon="1:14,10:2", n_d="adaptive",
                                   threshold_by_epsilon="1:0.7,10:0.6", samples_per_class=6000),
-            # App. C / §6.3.2, Table 3, exp_configs/celeba-eps10-adaptive.yaml: 32×32 CelebA-Gender,
-            # B=2048, σ=4, δ=1e-6 (T=379K here, 385K in the paper: q as above), adaptive d=0.6,
-            # 60K generated images.
-            # 4,096 rows of per-example gradients of a 2.6M-parameter D are ~43 GB: split in
-            # chunks of 1,600 rows (the authors' exp_configs/celeba-eps10-adaptive.yaml uses
-            # max_physical_bsz 800 real images; the update is the same).
             "celeba-gender-32": dict(batch_size=2048, noise_multiplier=4.0, n_d="adaptive", adaptive_threshold=0.6,
                                      max_physical_batch=1600, delta=1e-6, samples_per_class=30_000),
         },
@@ -262,6 +225,10 @@ class DPGAN(Method):
     @property
     def sample_rate(self) -> float:
         return min(1.0, self.hparams.batch_size / self.info.n_train)
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """σ·√d_D / 2B: D's step averages B real and B fake rows (``_d_step``)."""
+        return dpsgd_noise_to_signal(part.noise_multiplier, parameter_count(self.D), 2 * self.hparams.batch_size)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         h, q = self.hparams, self.sample_rate

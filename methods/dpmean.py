@@ -26,12 +26,14 @@ Q_c / max(n̂_c, 1) − mean², floored at ``min_std``²; all of it is post-proc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
+from dpgen_bench.privacy import release_noise_to_signal
 from dpgen_bench.privacy.accounting import gaussian_releases
 from dpgen_bench.privacy.release import GaussianRelease
 
@@ -73,8 +75,7 @@ class DPMean(Method):
     private = True
     conditional = True
     Hparams = DPMeanHparams
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
-    preset_seconds = {"quick": {"digits": 4, "mnist-5k": 12}}
+    is_floor = True  # the figures draw it as a band (dpgen_bench.report.figures)
     presets = {
         # digits: clip chosen on the validation part at ε = 10 (benchmarks/presets.md)
         "quick": {"digits": dict(clip=8.0, samples_per_class=100), "*": dict(samples_per_class=100)},
@@ -85,6 +86,13 @@ class DPMean(Method):
         super().__init__(hparams, info)
         self.mean = torch.full((info.num_classes, *info.image_shape), 0.5)
         self.std = torch.full_like(self.mean, hparams.min_std)
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """A class's sum (or squares) of d pixels read as the mean of its ~N/k records; a
+        class's count as one number over N/k."""
+        per_class = self.info.n_train / self.info.num_classes
+        d = 1 if part.name == COUNTS else math.prod(self.info.image_shape)
+        return release_noise_to_signal(part.noise_multiplier, d, per_class)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         shares = dict(zip((SUMS, COUNTS, SQUARES), self.hparams.shares()))

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
+from dpgen_bench.privacy import release_noise_to_signal
 from dpgen_bench.privacy.accounting import gaussian_releases
 from dpgen_bench.privacy.release import GaussianRelease
 
@@ -94,18 +95,15 @@ class DPMERF(Method):
     private = True
     conditional = True
     Hparams = DPMERFHparams
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds)
-    preset_seconds = {"quick": {"digits": 8, "mnist-5k": 34}}
     presets = {
-        # digits 16×16: rff_sigma scaled from MNIST's 105 by 256/784 pixels, chosen on the
-        # validation part (benchmarks/presets.md); shorter epochs of the same optimiser
+        # digits: rff_sigma scaled from MNIST's 105 by 256/784 pixels, chosen on val (benchmarks/presets.md)
         "quick": {"digits": dict(rff_sigma=34.0, epochs=10, batch_size=200, samples_per_class=100),
-                  # mnist-5k 28×28: the authors' MNIST rff_sigma (105) and D; 0.835 gen2real CNN on
-                  # the validation part (ε = 10)
-                  "mnist-5k": dict(epochs=10, batch_size=200, samples_per_class=100)},
+                  # the authors' MNIST rff_sigma and D (benchmarks/presets.md, "The other methods")
+                  "mnist-5k": dict(epochs=10, batch_size=200, samples_per_class=100),
+                  # one epoch of N = 60,000 is 300 G steps, mnist-5k's 10 epochs 200
+                  "mnist": dict(epochs=1, batch_size=200, samples_per_class=100)},
         "tiny": {"*": dict(num_features=200, epochs=2, batch_size=32, g_width=8, samples_per_class=10)},
-        # DP-GAN-DPAC Tables 1-3 / DPAF Table 1 carry DP-MERF as a baseline: the authors'
-        # MNIST / Fashion-MNIST settings (rff_sigma 105 / 127, D = 10,000, 5 epochs of B = 500)
+        # the authors' settings, a baseline in DP-GAN-DPAC's and DPAF's tables (docs/provenance.md, "dpmerf")
         "paper": {"mnist": dict(samples_per_class=6000),
                   "fashion-mnist": dict(rff_sigma=127.0, samples_per_class=6000)},
     }
@@ -115,6 +113,14 @@ class DPMERF(Method):
         h = hparams
         self.G = conditional_generator(self.name, info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         self.freqs = torch.empty(0)  # the random features: drawn from the run's seed in fit
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """A class's embedding (D features) read as the mean of its ~N/k records; the count
+        (one number) as the mean of N."""
+        if part.name == COUNT:
+            return release_noise_to_signal(part.noise_multiplier, 1, self.info.n_train)
+        per_class = self.info.n_train / self.info.num_classes
+        return release_noise_to_signal(part.noise_multiplier, self.hparams.num_features, per_class)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         shares = dict(zip((SUM, COUNT), self.hparams.shares()))

@@ -260,38 +260,18 @@ class DPSinkhorn(Method):
     private = True
     conditional = True
     Hparams = DPSinkhornHparams
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds); the mnist-5k
-    # quick cell re-measured on 2026-11-27 after its preset changed, divided by that day's 1.3×
-    # (the unchanged cells took 1.3× their 2026-11-25 times)
-    preset_seconds = {"quick": {"mnist-5k": 38}}
     presets = {
-        # digits 16×16 on a CPU, chosen on the validation part (benchmarks/presets.md). With the
-        # clip on the whole matrix the signal per step is C whatever B, so a small B (a low
-        # sampling rate, hence more steps per ε) buys the most signal: B = 10, T = 6,000
-        # (σ ≈ 0.65 at ε = 10); Adam 5e-4; the authors' loss settings otherwise.
+        # digits: a small B and many steps (the signal per step is C whatever B), chosen on val (benchmarks/presets.md)
         "quick": {"digits": _QUICK_DIGITS,
-                  # mnist-5k: the digits settings with T = 2,000 (the demo's time budget): the
-                  # pipeline learns without noise (val, seed 0: 0.73; 0.78 at T = 4,000) and is at
-                  # chance at ε = 10 (0.09; 0.10 at T = 4,000, 0.095 at 6,000), so the longer T
-                  # bought nothing (benchmarks/presets.md)
-                  "mnist-5k": dict(_QUICK_DIGITS, steps=2000)},
+                  # T = 2,000, the demo's budget: more bought nothing (benchmarks/presets.md, "The demo's budget")
+                  "mnist-5k": dict(_QUICK_DIGITS, steps=2000),
+                  "mnist": dict(_QUICK_DIGITS, steps=2000)},
         "tiny": {"*": dict(batch_size=16, steps=30, g_width=8, latent_dim=8, sinkhorn_iters=2, lr=1e-3,
                            log_every=10, torch_threads=1, samples_per_class=10)},
-        # The authors' README commands (sinkhorn_poisson.py; m = 1 runs, m = 3 is
-        # --set l1_weight=3): B = 50, Adam 1e-5, blur 0.05 with p = 1 and cost l1+l2, debias
-        # ratio 0.2, label weight 15, l2_norm_clip 0.5 (0.25 here: half their loss), σ = 1.1
-        # (MNIST) / 0.9 (Fashion-MNIST), trained until ε = 10 but for at most 3,001 epochs of
-        # N/B batches (their epoch loop's cap, which binds for MNIST: 3,601,200 steps); 60,000
-        # generated images for evaluation (finalize_result.py). T is derived from σ at
-        # q = B/N. At a small ε their σ leaves few steps: --set noise_multiplier=none
-        # --set steps=T calibrates σ for a fixed T instead.
+        # the authors' README commands, m = 1 (docs/provenance.md); fixed T: --set noise_multiplier=none --set steps=T
         "paper": {
             "mnist": dict(noise_multiplier=1.1, max_steps=3_601_200, samples_per_class=6000),
             "fashion-mnist": dict(noise_multiplier=0.9, max_steps=3_601_200, samples_per_class=6000),
-            # CelebA 32×32 gender: B = 200, blur 5 with p = 2 and the squared-L2 cost (ε = 25),
-            # the full Sinkhorn divergence (no --debias: r = 0 and loss scale 1, so C is their
-            # 0.1), σ = 0.8, latent 32, at most 3,001 epochs of their ⌊162,770/200⌋ batches;
-            # δ = 1e-6 as Private GANs' Table 3 lists the result (their code's default is 1e-5)
             "celeba-gender-32": dict(batch_size=200, noise_multiplier=0.8, max_steps=2_439_813, max_grad_norm=0.1,
                                      sinkhorn_eps=25.0, cost="l2", debias_ratio=0.0, latent_dim=32, delta=1e-6,
                                      samples_per_class=30_000),
@@ -315,6 +295,12 @@ class DPSinkhorn(Method):
         sigma, steps = steps_and_noise(method=self.name, epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,
                                        steps=h.steps, noise_multiplier=h.noise_multiplier, cap=h.max_steps)
         return [PrivacyPart(PART, noise_multiplier=float(sigma), sample_rate=q, steps=int(steps))]
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """σ_hook·√(B·d): one clip bound C for the whole B×d gradient matrix, noise on every
+        coordinate (the batch size raises the noise, not the signal)."""
+        d = math.prod(self.info.image_shape)
+        return self.hook_noise_multiplier(part.noise_multiplier) * math.sqrt(self.hparams.batch_size * d)
 
     @staticmethod
     def hook_noise_multiplier(accounted_sigma: float) -> float:

@@ -102,22 +102,19 @@ Departures from the papers:
   that D learns in a few dozen steps and G averages its noisy gradient (``tiny``, for tests,
   only shrinks); the ``paper`` presets use the papers' values (see ``presets``).
 
-Why GS-WGAN (and DP-GAN-DPAC) stays at chance on mnist-5k at every ε (issue 29; runs in
-benchmarks/presets.md, validation part, seed 0). Two limits, measured apart:
+Why GS-WGAN (and DP-GAN-DPAC) stays at chance on mnist-5k at every ε (the runs:
+benchmarks/presets.md, "The seed methods on mnist-5k" and "The demo's budget"). Two limits,
+measured apart:
 
 - *Compute* binds the ``quick`` preset. With the digits settings (K = 50 discriminators, 3
-  pretraining and ~10 critic steps each, T = 500) the pipeline without noise stayed at chance
-  (0.08-0.10 on the test split); since 2026-11-27 the mnist-5k quick preset takes K = 10 (5
-  pretraining and ~50 critic steps each) and B = 16, and without noise it learns in half the
-  time (validation, seed 0: 0.32; test split, 3 seeds: 0.306 / 0.101 / 0.358, DP-GAN-DPAC
-  0.297 / 0.137 / 0.334: seed 1 at chance, so T = 500 is the edge of learning). At T = 300
-  and 400 (K = 5 or 10) it was at chance or near it without noise (0.10-0.19;
-  benchmarks/presets.md). With four times the old quick compute (the ``long`` preset: 40
-  pretraining steps per discriminator, T = 2,000; ~11 minutes on one core) the pipeline
-  **without noise reaches 0.72** and draws digits (test split, 3 seeds: 0.741 ± 0.017;
-  DP-GAN-DPAC 0.734 ± 0.014).
-- *Noise* binds everything else: the same long setting gives 0.10 at ε = 10 and only 0.20
-  at ε = 1,000; with K = 200 (10 pretraining steps per discriminator) 0.07 at ε = 10. The reason is structural. Under the sound
+  pretraining and ~10 critic steps each, T = 500) the pipeline stays at chance even without
+  noise; the mnist-5k quick preset takes K = 10 (5 pretraining and ~50 critic steps each)
+  and B = 16, the smallest budget seen at which it learns without noise (at the edge: one
+  seed of three stays at chance). With four times the digits settings' compute (the
+  ``long`` preset: 40 pretraining steps per discriminator, T = 2,000) the pipeline
+  **without noise** draws digits.
+- *Noise* binds everything else: the same long setting stays at chance at ε = 10 and near it
+  at ε = 1,000, and so does K = 200 at ε = 10. The reason is structural. Under the sound
   accounting the hook adds 2√B·σ·C per coordinate to each of the B rows and scales by 1/B,
   so the noise reaching G's parameters, (1/B)·Σᵢ J_iᵀ nᵢ, has covariance 4σ²C²·E[JᵀJ]:
   the noise of one example's full-image gradient at multiplier 2σ, whatever B is (DP-SGD on
@@ -219,34 +216,16 @@ class GSWGAN(Method):
     private = True
     conditional = True
     Hparams = GSWGANHparams
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds); the mnist-5k
-    # quick cell re-measured on 2026-11-27 after its preset changed, divided by that day's 1.3×
-    # (the unchanged cells took 1.3× their 2026-11-25 times)
-    preset_seconds = {"quick": {"digits": 38, "mnist-5k": 42}, "long": {"mnist-5k": 680}}
     presets = {
         "quick": {
-            # CPU, digits 16×16 (N = 1437): K = 50 subsets of ~29 records, T = 700 generator
-            # steps, n_D = 1, 3 pretraining iterations per discriminator; no spectral norm and
-            # Adam 1e-3 for D (D must learn in a few dozen steps), 2e-4 with β₁ = 0.9 for G (a
-            # noise-dominated gradient), EMA 0.995. ~60-80 s of training on one thread. Compared
-            # on the validation part (--eval-split val, ε = 10) with T = 300 and with K = 25,
-            # B = 64: all at chance (benchmarks/presets.md); at ε = 10 the hook noise is ≈ 8.8·C
-            # per coordinate at this T (σ = 0.777, times 2√B).
+            # D learns in a few dozen steps, G averages its noisy gradient; all at chance on val (benchmarks/presets.md)
             "digits": _QUICK_DIGITS,
-            # mnist-5k: K = 10 discriminators (5 pretraining and ~50 critic steps each), B = 16,
-            # T = 500: the smallest budget seen at which the pipeline learns without noise
-            # (val, seed 0: 0.32; test, 3 seeds: 0.26 ± 0.14, one seed at chance; the digits
-            # settings' K = 50 at T = 500 stay at chance without noise, 0.10 on the test split),
-            # in ~40 s of one core (benchmarks/presets.md). At ε = 10 it is at chance as every
-            # GS-WGAN setting tried at this N (module docstring).
+            # the smallest budget seen that learns without noise (benchmarks/presets.md, "The demo's budget")
             "mnist-5k": dict(_QUICK_DIGITS, num_discriminators=10, pretrain_steps=5, batch_size=16, steps=500),
+            "mnist": dict(_QUICK_DIGITS, num_discriminators=10, pretrain_steps=5, batch_size=16, steps=500),
         },
         "long": {
-            # mnist-5k with the digits quick settings (K = 50, B = 32) at 4× their T: 40
-            # pretraining iterations per discriminator and T = 2,000 (~11 minutes on one core;
-            # the mnist-5k quick preset has had K = 10, B = 16 since 2026-11-27). The diagnostic of the
-            # module docstring's last paragraph: without noise this pipeline draws digits (val
-            # 0.72), at ε = 10 it stays at chance (0.10): the noise binds, not the budget.
+            # the digits settings at 4× the compute: learns only without noise (benchmarks/presets.md, "seed methods")
             "mnist-5k": dict(_QUICK_DIGITS, steps=2000, pretrain_steps=40),
         },
         "tiny": {  # tests only: seconds
@@ -255,19 +234,11 @@ class GSWGAN(Method):
                       log_every=5, samples_per_class=10),
         },
         "paper": {
-            # GS-WGAN §4 / official source/config.py (DP-GAN-DPAC §5.1 keeps them): K = 1000,
-            # B = 32, n_D = 5, T = 20,000, 2,000 pretraining iterations per discriminator,
-            # z_dim = 10, model_dim = 64, Adam(1e-4, (0.5, 0.9)), λ_GP = 10, drift 0.001, EMA
-            # 0.999; 6,000 samples per class (utils.save_gen_data). σ is calibrated from the
-            # target (module docstring: the paper's σ = 1.07 relies on its own accounting).
+            # GS-WGAN's source/config.py, σ from the sound accounting; CelebA: MNIST's (docs/provenance.md, "gswgan")
             "mnist": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000, pretrain_steps=2000,
                           samples_per_class=6000),
             "fashion-mnist": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000, pretrain_steps=2000,
                                   samples_per_class=6000),
-            # DP-GAN-DPAC Tables 1-3 (GS-WGAN row on CelebA-gender 32×32): neither paper gives
-            # CelebA-specific values, so the MNIST ones are kept (K = 1000: ~183 per subset of
-            # our 182,637 training images; ~163 of the paper's 162,770); 60,000 samples as on
-            # MNIST (the other methods' CelebA presets draw as many).
             "celeba-gender-32": dict(num_discriminators=1000, batch_size=32, n_d=5, steps=20_000,
                                      pretrain_steps=2000, samples_per_class=30_000),
         },
@@ -299,6 +270,12 @@ class GSWGAN(Method):
         if self.hparams.privacy_mode == "paper":
             return 2.0 * accounted_sigma
         return 2.0 * math.sqrt(self.hparams.batch_size) * accounted_sigma
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """σ_hook·√d: the noise on each fake image's gradient (d pixels) against its clip
+        bound C, whatever the batch: G's update averages B such rows, so the noise that
+        reaches G shrinks only as √B (module docstring)."""
+        return self.hook_noise_multiplier(part.noise_multiplier) * math.sqrt(math.prod(self.info.image_shape))
 
     def accounting_caveat(self) -> str | None:
         if self.hparams.privacy_mode == "paper":

@@ -11,6 +11,7 @@ from .accounting import (
     steps_for_budget,
 )
 from .ledger import PrivacyLedger
+from .signal import dpsgd_noise_to_signal, parameter_count, release_noise_to_signal
 
 __all__ = [
     "calibrate_noise",
@@ -21,4 +22,7 @@ __all__ = [
     "steps_and_noise",
     "steps_for_budget",
     "PrivacyLedger",
+    "dpsgd_noise_to_signal",
+    "parameter_count",
+    "release_noise_to_signal",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import store
+from .. import registry, store
 from ..privacy import fmt_eps
 
 
@@ -40,7 +40,6 @@ def _save(fig, out: Path, name: str) -> list[Path]:
     return paths
 
 
-FLOOR_METHOD = "dpmean"  # DP class means (methods/dpmean.py): the floor, drawn as a band, not a line
 CHANCE_PREFIXES = ("gen2real_", "real2gen_")  # classification accuracies: 1 / classes is chance
 INF_GAP_DECADES = 1.0  # ε = ∞ sits this many decades right of the largest finite ε
 INF_DODGE_DECADES = 0.07  # spread of the points that share the ∞ slot, so none hides another
@@ -48,6 +47,15 @@ INF_DODGE_DECADES = 0.07  # spread of the points that share the ∞ slot, so non
 
 def _base_method(label: str) -> str:
     return label.split(" [", 1)[0]
+
+
+def is_floor(method: str) -> bool:
+    """Whether a method is a floor (``Method.is_floor``, e.g. dpmean's class means), drawn as
+    a band, not a line; False for a method not installed here."""
+    try:
+        return bool(registry.methods.attribute(method, "is_floor"))
+    except Exception:  # noqa: BLE001 - a method that is not installed here (or cannot load): no floor
+        return False
 
 
 def _settings(label: str) -> list[str]:
@@ -92,7 +100,7 @@ def draw_metric_vs_eps(ax, rows: pd.DataFrame, metric: str, num_classes: int | N
       filled; a ``--noise-off`` run (a private target, ε spent ∞) sits there as a hollow
       marker in its method's colour, labelled ``<method> [noise=off]``, never joined to its
       method's line. Points sharing the slot are spread a little apart.
-    - ``dpmean`` (the floor) is a shaded band, never a line: with runs at several ε, the
+    - A floor (a method with ``is_floor``: ``dpmean``) is a shaded band, never a line: with runs at several ε, the
       band follows its mean ± std over seeds per ε (``fill_between`` across the ε it ran at,
       not extrapolated past them); with one ε, the mean ± std over its seeds spans the whole
       finite part of the axis and its label names that ε. A ``dpmean`` noise-off run is a
@@ -123,7 +131,8 @@ def draw_metric_vs_eps(ax, rows: pd.DataFrame, metric: str, num_classes: int | N
 
     finite_target = np.isfinite(rows["eps_target"].astype(float))
     noise_off = finite_target & np.isinf(rows["eps_rdp"].astype(float))
-    floor = finite_target & ~noise_off & (rows["method"].map(_base_method) == FLOOR_METHOD)
+    base = rows["method"].map(_base_method)
+    floor = finite_target & ~noise_off & base.map({m: is_floor(m) for m in base.unique()}).astype(bool)
     private = finite_target & ~noise_off & ~floor
 
     finite = sorted(rows.loc[private | floor, "eps_target"].astype(float).unique())
@@ -270,7 +279,7 @@ def roc_curves(long: pd.DataFrame, out: Path) -> list[Path]:
             roc = proto.get("roc")
             if roc:
                 eps = "∞" if not math.isfinite(r["eps_target"]) else f"{r['eps_target']:g}"
-                se = (proto.get("auc_uncertainty") or {}).get("se_delong")  # runs before 2026-11-27: none
+                se = (proto.get("auc_uncertainty") or {}).get("se_delong")  # older runs: none
                 auc = f"AUC {r['value']:.2f}" + (f" ± {se:.2f}" if se is not None else "")
                 ax.plot(roc["fpr"], roc["tpr"], label=f"{r['method']} ε={eps} ({auc})")
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)

@@ -37,4 +37,5 @@ def load_references(path: Path = PATH) -> pd.DataFrame:
         "value": ref["value"].astype(float),
         "source": "paper",
         "ref_std": ref["std"].astype(float),
+        "reported_in": ref["reported_in"],  # empty / "This work": the paper reports its own method
     })

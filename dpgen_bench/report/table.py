@@ -14,6 +14,8 @@ Layouts:
 - ``b``: rows method, columns metrics, for one (dataset, ε) — DP-GAN-DPAC Tables 1–4.
 - ``c``: rows (method, ε), columns (attack, members) of MIA AUC — DPAF Table 18.
 - ``d``: rows method, columns (dataset, ε, metric) — Private GANs Table 2, DPAF Table 1 turned round.
+- ``tiers``: rows method, columns one metric per preset tier (quick, long, paper) and the
+  method's own paper's number: what a CPU-minute, a CPU-hour and the paper's GPU-days give.
 - ``runs``: one row per run (no aggregation).
 
 Bold marks the best of our private values among the rows of one (dataset, ε): never an
@@ -382,6 +384,67 @@ def layout_b(agg: pd.DataFrame, dataset: str, eps: float | None) -> Table:
     title = f"{dataset}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
     return Table(title, ["method"], out_rows, ["ε", "ε spent (RDP / PRV)"] + [m + arrow(m) for m in metrics], cells,
                  notes)
+
+
+TIER_ORDER = ("quick", "long", "paper")  # the tiers' columns first, in this order; other presets after them
+
+
+def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: str = "gen2real_cnn") -> Table:
+    """Rows method; columns one metric per preset tier (``quick``: a CPU-minute, ``long``: a
+    CPU-hour, ``paper``: the paper's settings), mean ± std over seeds, then the method's own
+    paper's number and where it is printed. Only a tier's plain configuration counts (no
+    ``--set`` override, no validation split, no ``--noise-off``): the row reads "what this
+    preset gives". The paper's number is the row its own paper reports for the method (else
+    the first that cites one), at this dataset, ε and metric."""
+    long = long if "base_method" in long else label_variants(long)
+    finite = eps is not None and math.isfinite(eps)
+    at_eps = (long["eps_target"] == eps) | ~np.isfinite(long["eps_target"]) if finite else long["eps_target"].notna()
+    sel = long[(long["dataset"] == dataset) & (long["members"].fillna(0) == 0) & at_eps & (long["metric"] == metric)]
+    ours = latest_per_seed(sel[sel["source"] == "ours"])
+    plain = ours[[v == _preset_variant(b, dataset, p, e) for v, b, p, e in zip(
+        ours["variant"], ours["base_method"], ours["preset"], ours["eps_target"])]]
+    presets = [p for p in TIER_ORDER if (plain["preset"] == p).any()]
+    presets += sorted(set(plain["preset"].dropna()) - set(presets))
+    refs = sel[sel["source"] == "paper"]
+    methods = sorted(set(plain["base_method"]), key=lambda m: (not math.isfinite(
+        plain[plain["base_method"] == m]["eps_target"].iloc[0]), m))
+    cells, rows, notes = [], [], []
+    for m in methods:
+        line: list[Cell | str] = []
+        mine = plain[plain["base_method"] == m]
+        line.append(_spent("ours", mine[mine["preset"] == presets[0]], notes) if (mine["preset"] == presets[0]).any()
+                    else _spent("ours", mine, notes))
+        for p in presets:
+            v = mine[mine["preset"] == p].drop_duplicates("run_id")["value"]
+            line.append(Cell(float(v.mean()), float(v.std()) if len(v) > 1 else math.nan, len(v)) if len(v) else "—")
+        ref = refs[refs["method"] == m]
+        if "reported_in" in ref:  # the paper's own row, else one citing the original, else any
+            said = ref["reported_in"].fillna("")
+            ref = ref[said == "This work"] if (said == "This work").any() else ref[said != ""] if (said != "").any() \
+                else ref
+        if len(ref):
+            line += [Cell(float(ref["value"].iloc[0]), math.nan, 1, "paper"), str(ref["run_id"].iloc[0])]
+        else:
+            line += ["—", "—"]
+        rows.append((m,))
+        cells.append(line)
+    title = f"{dataset}, {metric}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
+    return Table(title, ["method"], rows, [f"ε spent ({presets[0] if presets else '—'})"] + presets
+                 + ["paper", "paper's table"], cells, notes)
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_variant(method: str, dataset: str, preset: str | None, eps: float) -> str | None:
+    """The identity (``variant``) of a plain run of ``preset`` as the code resolves it now,
+    at its own δ, on the test split, with noise; None where it cannot be resolved here."""
+    from ..config import build_config
+
+    try:
+        cfg = build_config(method, dataset, epsilon=eps if math.isfinite(eps) else None, preset=preset)
+    except Exception:  # noqa: BLE001 - a method or preset this installation lacks: no plain run
+        return None
+    priv = {"private": math.isfinite(eps), "target": {"delta": cfg.delta}, "noise_off": False}
+    return json.dumps(identity(cfg.to_json(), priv), sort_keys=False, default=str)
 
 
 def layout_d(agg: pd.DataFrame, metrics: list[str] | None = None) -> Table:

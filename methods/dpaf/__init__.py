@@ -125,64 +125,27 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   widths and steps and run fit with one intra-op thread (``torch_threads``); see
   ``core.py``.
 
-Why DPAF without noise stayed below a GAN of its size (issue 29; the runs behind every number
-are in benchmarks/presets.md, "DPAF's collapse, located" and "DPAF's discriminator settings").
-Until 2026-11-27 every no-noise run of this pipeline drew **one image per class whatever z**
-(the pixel-wise spread within a class, ``benchmarks/dpaf_gap.py``: 0.02-0.04 against the real
-images' 0.31 on mnist-5k and 0.25 on digits; the non-private ``gan`` keeps 0.25 / 0.15). Two
-causes, found by training DPAF's own networks as a plain non-private conditional GAN and
-switching one element of DPAF at a time (``benchmarks/dpaf_collapse.py``, mnist-5k, 3 seeds
-each):
+Two departures were found by experiment (``benchmarks/dpaf_collapse.py`` trains DPAF's own
+networks as a plain non-private GAN and switches one element of DPAF at a time; the runs:
+benchmarks/presets.md, "DPAF's collapse, located" and "DPAF's discriminator settings"):
 
-1. **Our generator (fixed 2026-11-26).** The paper leaves G open ("cDCGAN", the reverse of
-   D); this class used DCGAN's textbook G (BatchNorm + ReLU, a learned label embedding).
-   That G ignores z even against a per-example D that learns: spread 0.028 / 0.034 / 0.024,
-   against 0.261 / 0.276 / 0.272 for the cDCGAN G of ``dpgen_bench.nets.dcgan`` (LeakyReLU,
-   no BatchNorm, one-hot labels through their own transposed convolution), which is now
-   ``nets.Generator``'s default (``g_activation=relu g_batchnorm=true g_label=embedding``
-   gives the old one). In the pipeline it lifts the no-noise quick preset on mnist-5k from
-   0.233 ± 0.037 to 0.367 ± 0.091 gen2real CNN (test split, 3 seeds), and with ``mu=1`` and
-   learning rates 1e-3 to 0.495 ± 0.051 (the old G: 0.26 on the validation part). On digits
-   the change is within seed noise (test: old 0.407, new 0.237; validation: old 0.307, new
-   0.417; 3 seeds each): both generators collapse there through the second cause.
-2. **A phase-2 discriminator too weak for G (settings, found 2026-11-27).** With the fixed G
-   and the digits settings (μ = 8, one head step per G step, learning rates 2e-4), the
-   pipeline's samples are still one per class (spread 0.015-0.07): phase 2 trains only conv2*
-   and the head, on top of the frozen, transferred conv1, and the head sees one aggregate per
-   side and step. In the plain GAN each of those alone is survivable (head on the batch mean,
-   conv1 trained: spread 0.012 / 0.237 / 0.232; conv1 frozen, D per example: 0.060 / 0.180 /
-   0.076), and together they collapse G in every seed (0.018 / 0.043 / 0.022): D's loss stays
-   at ln 4 (chance), and a discriminator at chance hands every sample of a class nearly the
-   same image gradient, so nothing keeps G's samples apart. Giving D more to work with per G
-   step fixes it on mnist-5k: conv2* every batch (μ = 1), three batches per G step
+1. **The generator.** The paper leaves G open ("cDCGAN", the reverse of D). DCGAN's textbook
+   G (BatchNorm + ReLU, a learned label embedding: ``g_activation=relu g_batchnorm=true
+   g_label=embedding``) ignores z even against a per-example D that learns, and draws one
+   image per class; the cDCGAN G of ``dpgen_bench.nets.dcgan`` (LeakyReLU, no BatchNorm,
+   one-hot labels through their own transposed convolution) keeps z and is
+   ``nets.Generator``'s default.
+2. **Phase 2's discriminator.** It trains only conv2* and the head, on top of the frozen,
+   transferred conv1, and the head sees one aggregate per side and step. With μ = 8, one
+   head step per G step and learning rates 2e-4 its loss stays at ln 4 (chance), and a
+   discriminator at chance hands every sample of a class nearly the same image gradient, so
+   G's samples collapse to one per class even without noise. The mnist-5k ``quick`` preset
+   gives D more per G step: conv2* every batch (μ = 1), three batches per G step
    (n_critic = 3, the value of the paper's Figure 5; Table 16 ablates it) and learning rates
-   1e-3. Without noise, validation part, seeds 0 / 1 / 2: gen2real CNN 0.640 / 0.663 / 0.695
-   (the digits settings: 0.535 / 0.535 / 0.482), within-class spread 0.248 / 0.246 / 0.189
-   (0.037 / 0.062 / 0.044; the real images 0.31, the ``gan``'s 0.25), D's AUC on batch means
-   0.99 / 0.99 / 0.85 (0.94 / 0.62 / 0.46). Each lever alone or in pairs does not (seeds 0 / 1:
-   n_critic = 3 0.38 / 0.52; with μ = 1 0.39 / 0.38; with the learning rates 0.45 / 0.37; μ = 1
-   with the learning rates 0.57 / 0.55), and more is worse (n_critic = 4: 0.40 / 0.62 / 0.53;
-   5: 0.18 / 0.55). On the test split (3 seeds): **0.631 ± 0.050**, against 0.367 ± 0.091 with
-   the digits settings and 0.663 ± 0.049 for the non-private ``gan`` of the quick preset: the
-   no-noise gap to a GAN closes. These are the mnist-5k ``quick`` preset's settings now. On
-   digits the same settings collapse instead (validation, no noise: 0.264 / 0.093 / 0.097
-   against 0.375 / 0.449 / 0.426): at 16×16 with N = 1,437 the balance lies elsewhere, and the
-   digits preset keeps its own.
-
-   With the noise on, the pipeline stays at chance on mnist-5k at ε = 10, 100, 1,000 and even
-   10⁵ (validation, seed 0: 0.12 / 0.09 / 0.12 / 0.18), and learns at ε = 10⁷ (0.48; σ ≈ 0.01 on
-   every part): the classifier of phase 1 hardly moves (MSE 0.089 → 0.082 at 10⁵, σ = 0.06;
-   0.052 → 0.016 without noise) and D's loss stays at chance (0.693). A likely reason (not
-   isolated): at B = 24 a noise multiplier of 0.06 puts σ/B ≈ 0.0025 of noise on each
-   coordinate of the mean clipped gradient, half the 0.005 per coordinate of a unit-norm
-   gradient spread over phase 1's 40,000 parameters (and a mean of clipped per-example
-   gradients is shorter than 1), and DP-Adam, which divides each coordinate by its own running
-   scale, then moves most coordinates at random.
-
-Earlier ablations of the pipeline (with the old G, before these causes were found; noise
-off, digits, val): μ = 1 and ``g_loss=aggregate`` (G's loss on D at the fakes' aggregate,
-ours, no privacy cost) each raised the accuracy (0.54 / 0.35 vs 0.37) but not the spread;
-five head updates per G step, B = 1 or 4, a random conv1 or no SIN scaling did not help.
+   1e-3; without noise that closes the gap to a non-private GAN of its size. On digits the
+   same settings collapse instead (at 16×16 with N = 1,437 the balance lies elsewhere), and
+   the digits preset keeps its own. With the noise on, the pipeline stays at chance on
+   mnist-5k far beyond ε = 10.
 
 On digits the ``quick`` preset departs from the canonical split (see its comment and
 benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.sampling import sample_conditional
+from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, release_noise_to_signal
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
 from dpgen_bench.privacy.release import GaussianRelease
 
@@ -47,7 +48,7 @@ class DPAFHparams:
     fc_width: int = 128  # hidden units of the first of the two FC* layers (ours)
     # G's hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
     # Private GANs' code; relu + batchnorm (+ embedding) is DCGAN's textbook G, which collapses to one
-    # image per class here (issue 29, the package docstring)
+    # image per class here (the package docstring)
     g_batchnorm: bool = False
     g_activation: Literal["leaky_relu", "relu"] = "leaky_relu"
     g_label: Literal["onehot", "embedding"] = "onehot"
@@ -124,27 +125,13 @@ class DPAF(Method):
     Hparams = DPAFHparams
     # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
-    # measured by make demo and the claims runs, 2026-11-25 (Method.preset_seconds); mnist-5k
-    # 2026-11-27 after its preset changed (fit 28 s, sampling 1 s, gen2real CNN 13 s)
-    preset_seconds = {"quick": {"digits": 31, "mnist-5k": 42}}
     presets = {
         "quick": {
-            # CPU, digits 16×16 at its native size, about a minute of one core. Not a paper
-            # setting (the paper has no digits): MNIST's canonical choices (C2-C1-×, B = 24, μ = 8,
-            # z = 100, GC) with narrow networks (d = 8: DPAGG on 32 maps of 2×2, Δ = √32·2),
-            # 𝔹 = 1000 / T1 = 100 batches, and the budget split 10 %, 40 %, 50 % instead of the
-            # canonical (0.1, ×, 0.1): chosen on the validation part (--eval-split val, ε = 10),
-            # where the canonical split is at chance (benchmarks/presets.md).
+            # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
             "digits": _QUICK_DIGITS,
-            # mnist-5k: the digits settings at 28×28 (d = 8: DPAGG on 32 maps of 4×4) with a
-            # discriminator that keeps up with G: conv2* every batch (μ = 1), three batches per G
-            # step (n_critic = 3) and learning rates 1e-3. At chance on the validation part at
-            # ε = 10 either way (0.096 vs 0.102, 3 seeds); without noise these settings reach
-            # 0.666 against 0.517 with the digits settings (μ = 8, n_critic = 1, 2e-4), and G keeps z
-            # (within-class spread 0.19-0.25, real 0.31) where the digits settings collapse it
-            # (0.04-0.06). Not on digits: there they fall to 0.15 without noise (its own settings
-            # 0.42). The docstring's no-noise gap; benchmarks/presets.md.
+            # a D that keeps up with G (benchmarks/presets.md, "DPAF's discriminator settings")
             "mnist-5k": dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3),
+            "mnist": dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3),
         },
         "tiny": {  # tests only: seconds
             "*": dict(layer_config="C2-C1-×", batch_size=16, batches=40, classifier_batches=10, mu=4, n_critic=2,
@@ -152,13 +139,7 @@ class DPAF(Method):
                       samples_per_class=10),
         },
         "paper": {
-            # §6.1 "Canonical Implementation": B = 24 (MNIST/FMNIST), 64 (CelebA/FFHQ), z = 100,
-            # μ = 8, GC top-90%, split (0.1, ×, 0.1), δ = 1e-5 (the harness' default δ);
-            # configurations C2-C1-× (MNIST/FMNIST), C2-C2-C1 (CelebA), C3-C1-× (FFHQ) (§6.1,
-            # App. A.10, Tables 8/9/14). Native sizes 28 / 64 / 128 (§6.1 "Dataset").
-            # Not in the paper, ours: 𝔹 = 20,000 batches, d = 64, n_critic = 1 (Table 16).
-            # 60,000 samples (the paper's classifier protocol is GS-WGAN's and DataLens', §6.1,
-            # which draw 60,000; as every other method's paper preset, so FIDs compare).
+            # §6.1 "Canonical Implementation"; 𝔹, d and n_critic are ours (docs/provenance.md, "dpaf")
             "mnist": dict(layer_config="C2-C1-×", batch_size=24, latent_dim=100, mu=8, gc=True, gc_keep=0.9,
                           budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64, n_critic=1,
                           samples_per_class=6_000),
@@ -233,6 +214,20 @@ class DPAF(Method):
         t1 = h.batches if h.classifier_batches is None else h.classifier_batches
         return schedule(n_train=self.info.n_train, batch_size=h.batch_size, batches=h.batches, classifier_batches=t1,
                         mu=h.mu, conv2_rate="fresh" if h.privacy_mode == "sound" else "union")
+
+    def noise_to_signal(self, part: PrivacyPart) -> float:
+        """conv1: σ·√d / B on C (all of it in sound mode, conv1 alone in paper mode); conv2*:
+        σ·√d / 2μB (its step averages μ real and μ fake batches); DPAGG: a class's aggregate
+        of m·p² SIN features (each record's of norm √m·p) read as the mean of its B/k
+        records."""
+        h, k = self.hparams, self.info.num_classes
+        if part.name == "dpagg":
+            return release_noise_to_signal(part.noise_multiplier, round(self.sensitivity ** 2), h.batch_size / k)
+        if part.name == "conv2":
+            return dpsgd_noise_to_signal(part.noise_multiplier, parameter_count(self.conv2), 2 * h.mu * h.batch_size)
+        C = Classifier(self.layout, k, h.fc_width, h.sin_eps)  # built in fit; here only counted
+        dp_module = C if h.privacy_mode == "sound" else C.conv1
+        return dpsgd_noise_to_signal(part.noise_multiplier, parameter_count(dp_module), h.batch_size)
 
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         h = self.hparams

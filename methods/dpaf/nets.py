@@ -26,8 +26,8 @@ N(0, 0.02) (DCGAN; the std the paper uses for random conv1 in §6.2.4).
   convolution per convolution of D, mirroring its sizes, LeakyReLU(0.2) between them and
   tanh at the output, no BatchNorm: the conditional DCGAN of ``dpgen_bench.nets.dcgan``
   (Private GANs' code). DCGAN's textbook ReLU + BatchNorm G (``g_activation=relu
-  g_batchnorm=true``, with ``g_label=embedding`` this class until 2026-11-26) is kept for
-  comparison: it ignores z and draws one image per class (issue 29; the package docstring).
+  g_batchnorm=true``, with ``g_label=embedding`` this class's earlier design) is kept for
+  comparison: it ignores z and draws one image per class (the package docstring).
 """
 
 from __future__ import annotations
@@ -210,8 +210,8 @@ class Generator(nn.Module):
     or ReLU after every hidden layer; ``batchnorm``: DCGAN's BatchNorm before it.
 
     The defaults (one-hot, LeakyReLU, no BatchNorm) are those of ``dpgen_bench.nets.dcgan``:
-    with ReLU + BatchNorm (DCGAN's textbook G, this class's design until 2026-11-26) G learns
-    to ignore z and draws one image per class (issue 29; the methods/dpaf docstring)."""
+    with ReLU + BatchNorm (DCGAN's textbook G, this class's earlier design) G learns to
+    ignore z and draws one image per class (the methods/dpaf docstring)."""
 
     def __init__(self, layout: Layout, num_classes: int, width: int, latent_dim: int, label_dim: int,
                  batchnorm: bool = False, activation: str = "leaky_relu", label: str = "onehot"):

@@ -3,7 +3,7 @@ from a fork server that imported the CLI once.
 
 The resume tests kill runs mid-training (SIGKILL, SIGINT, SIGTERM); each such run used to be
 a fresh interpreter, and importing torch, Opacus and the methods cost ~7 CPU-s of its
-~10–20 (issue 31). Here the children are forked from multiprocessing's fork server, a
+~10–20. Here the children are forked from multiprocessing's fork server, a
 single-threaded process that imported ``dpgen_bench.cli`` and the methods once per pytest
 worker, so a child starts at once with nothing inherited from the test process (its
 threads, its open files) but those imports. A child sets its environment and its one

@@ -1,4 +1,4 @@
-"""``bench audit`` end to end (issue 20): canaries in the training split, audit.json beside a
+"""``bench audit`` end to end: canaries in the training split, audit.json beside a
 complete record, bounds never above the accountant's ε, the audit layout of bench report,
 and bad input answered in one line. The positive control and the soundness grid over every
 private method are slow (``-m slow``)."""
@@ -114,7 +114,7 @@ def test_bad_input_one_line(args, needle, tmp_path):
 
 @pytest.mark.slow
 def test_positive_control_memorising_gan(tmp_path):
-    """A non-private GAN that overfits (issue 20): the bound must reach 1 at 95 % with some
+    """A non-private GAN that overfits: the bound must reach 1 at 95 % with some
     attack. 16 members + ~128 included canaries (of 256, each image used once), ~3 min on
     one core. Measured: white_box_D 2.6 (101/102 correct, AUC 0.95; black_box 0.95,
     white_box_G 0.95); seed 1: white_box_D 3.0 (153/154), black_box 1.5, white_box_G 1.3."""

@@ -1,4 +1,4 @@
-"""``bench audit --white-box`` (issue 30, items 1 and 3): gradient canaries inside each private
+"""``bench audit --white-box``: gradient canaries inside each private
 part's own release, driven through the CLI on a real method. The correct code stays below
 the accountant's ε; a planted bug in the part's noise makes the audit exceed it and the
 command exit 3 (``PrivacyViolation``). The planted bugs patch the noise where the part draws
@@ -7,7 +7,7 @@ not the audit.
 
 GS-WGAN's mutation is σ/20, not σ/4: at this setting (rate 1/4, 300 releases, ε = 1) its part
 was accounted with Theorem 9 of Wang-Balle-Kasiviswanathan (σ = 85, ~5× what the mixture
-needs, so σ/4 was still private enough that no audit could flag it: issue 30, finding 7). Under
+needs, so σ/4 was still private enough that no audit could flag it). Under
 Theorem 27 (now) the same setting calibrates σ = 36; the σ/20 case is kept as it was.
 
 dpmean's and dpmerf's one-shot releases (``privacy.release.GaussianRelease``) hold one canary

@@ -1,5 +1,5 @@
-"""The private training loops do what their plans say (issue 30, finding 6: the plans were
-tested, the loops not). A spy on the Poisson sampler and on the noise every DPSGD optimizer
+"""The private training loops do what their plans say (a plan that is tested says
+nothing of the loop that should follow it). A spy on the Poisson sampler and on the noise every DPSGD optimizer
 adds, for every built-in method with such a part: each loop samples the whole training
 split at exactly its parts' planned rates, as many times as the parts have steps, and adds
 noise of std σ·C with the planned σ. The clipping norm is 0.7, not 1, so that a noise std

@@ -1,4 +1,4 @@
-"""GAN-Leaks sanity on digits with 64 members (issue 4): a memorising non-private GAN is
+"""GAN-Leaks sanity on digits with 64 members: a memorising non-private GAN is
 caught, a DPGAN at ε=1 is not.
 
 The positive control is the ``gan`` ``memorise`` preset (5K steps, G width 64, lr_G 1e-3,

@@ -1,4 +1,4 @@
-"""``bench run --noise-off``: the diagnostic "same pipeline without noise" of issue 18. The
+"""``bench run --noise-off``: the diagnostic "same pipeline without noise". The
 method sees σ = 0 for every part (so its release is the exact, clipped statistic), the run
 keeps its plan (steps, clipping) and records ε = ∞ with the calibrated σ, a caveat, and a
 row of its own in the report; it is refused for a non-private method."""

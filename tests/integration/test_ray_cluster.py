@@ -1,4 +1,4 @@
-"""``bench sweep --engine ray`` on a two-node Ray cluster on localhost (issue 31): a head
+"""``bench sweep --engine ray`` on a two-node Ray cluster on localhost: a head
 node and a second node started with ``ray start``, one CPU each. The sweep spreads its cells
 over both nodes, writes the records a local sweep writes, and resumes a cell that was killed
 after its first checkpoint. Runs by default (Ray is a test dependency); ``ray stop`` ends

@@ -104,7 +104,7 @@ def test_prepared_real_cnn_is_the_one_the_cell_loads(monkeypatch, tmp_path, resu
 
 
 def test_a_parallel_sweep_starts_its_longest_cells_first(monkeypatch, tmp_path):
-    """Longest-processing-time order from ``Method.preset_seconds``: with two workers the
+    """Longest-processing-time order from the measured seconds (dpgen_bench/preset_seconds.json): with two workers the
     last cell to start is a short one (make demo: gan's 94 s first, dpmean's 13 s last);
     unknown lengths start first, ties keep the grid's order; a one-job sweep keeps it."""
     import concurrent.futures as cf
@@ -142,3 +142,28 @@ def test_a_parallel_sweep_starts_its_longest_cells_first(monkeypatch, tmp_path):
                   "eval": "gen2real_cnn"})
     sweep.run_sweep(few, tmp_path / "runs", jobs=2)
     assert submitted == ["gan", "dpgan", "dpmean"]
+
+
+def test_built_in_seconds_come_from_the_data_file_and_a_plugin_keeps_its_own():
+    """The built-ins' measured seconds live in dpgen_bench/preset_seconds.json (no method
+    class carries them); a plugin method's own ``preset_seconds`` class attribute is used."""
+    from dpgen_bench import registry, sweep
+
+    table = sweep.measured_seconds()
+    assert set(table) <= set(registry.methods.names()) and "dpmean" in table
+    for name in table:
+        assert not registry.methods.get(name).preset_seconds, name  # the file is the one place
+        assert sweep.preset_seconds(name) == table[name]
+    cell = expand({"method": "dpmean", "dataset": "mnist-5k", "eps": 10, "preset": "quick"})[0]
+    assert sweep.expected_seconds(cell) == table["dpmean"]["quick"]["mnist-5k"]
+
+    plugin = type("TimedPlugin", (registry.methods.get("dummy"),), {"preset_seconds": {"tiny": {"digits": 7}}})
+    registry.methods.register("timed-plugin", plugin, hidden=True)
+    try:
+        assert sweep.preset_seconds("timed-plugin") == {"tiny": {"digits": 7}}
+        cell = expand({"method": "timed-plugin", "eps": 1, "preset": "tiny"})[0]
+        assert sweep.expected_seconds(cell) == 7.0
+    finally:
+        registry.methods._items.pop("timed-plugin", None)
+        registry.methods._meta.pop("timed-plugin", None)
+        registry.methods._hidden.discard("timed-plugin")

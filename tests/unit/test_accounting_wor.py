@@ -131,7 +131,8 @@ def dp_accounting_eps(sigma: float, k: int, steps: int, delta: float = 1e-5) -> 
 def test_sound_mode_epsilon_is_dp_accounting_theorem_27_of_the_whole_batch_mechanism(cls, eps):
     """digits quick, sound mode: the part is accounted with Theorem 27 and dp-accounting,
     an independent implementation of it, gives the same ε (its orders 2..256, ours beyond
-    too); at ε = 1 the noise is 4.4, not Theorem 9's 130 (issue 30, finding 7)."""
+    too); at ε = 1 the noise is 4.4, not Theorem 9's 130 (so σ/4 under Theorem 9 was still private enough that no audit
+    could flag it: tests/integration/test_audit_white_box.py)."""
     m = _quick(cls)
     (part,) = m.plan(Budget(eps))
     assert part.mechanism == WOR_GAUSSIAN and part.steps == m.hparams.steps

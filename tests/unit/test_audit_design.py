@@ -1,4 +1,4 @@
-"""The design of ``bench audit`` around the one-run bound (issue 30, faults 1-5): a plan that
+"""The design of ``bench audit`` around the one-run bound: a plan that
 does not depend on which canaries were drawn in, one confidence for all attacks together,
 no mean of lower bounds in the report, canaries never counted as MIA members, and no
 canary sharing an image."""

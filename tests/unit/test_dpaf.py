@@ -591,7 +591,7 @@ def test_gradient_compression_reaches_every_dpsgd_step_of_both_phases(mode, monk
 
 
 def test_the_generator_is_the_cdcgan_one_by_default_and_the_old_one_on_request():
-    """G's hidden layers (issue 29): LeakyReLU, no BatchNorm, one-hot labels by default (the
+    """G's hidden layers: LeakyReLU, no BatchNorm, one-hot labels by default (the
     textbook BatchNorm + ReLU + embedding G ignores z here: benchmarks/presets.md); the old
     one stays reachable, and unknown choices are refused."""
     from torch import nn

@@ -1,4 +1,4 @@
-"""DPDM (issue 32, first increment): EDM's preconditioning and loss, the Heun sampler, noise
+"""DPDM: EDM's preconditioning and loss, the Heun sampler, noise
 multiplicity through the book-keeping DP-SGD path, the EMA and the ledger."""
 
 import math

@@ -1,4 +1,4 @@
-"""DP-FETA's warm start in dpdm (``--set warmup=central``, issue 32 item 3): the central
+"""DP-FETA's warm start in dpdm (``--set warmup=central``): the central
 images' sensitivity and noise, the budget they leave DP-SGD (``calibrate_beside``), the
 post-processing, and a fit that counts both parts."""
 

@@ -139,3 +139,36 @@ def test_lone_noise_off_config_is_still_labelled_and_a_one_eps_floor_spans_the_a
     xs = band.get_paths()[0].vertices[:, 0]
     assert xs.min() < 1 and 10 < xs.max() < ax.get_xticks()[-1]
     plt.close(fig)
+
+
+def test_a_floor_is_a_class_attribute_so_a_plugin_floor_is_a_band_too(tmp_path):
+    """The figures know a floor by ``Method.is_floor`` through the registry, not by name: a
+    plugin method with ``is_floor = True`` is a band like dpmean; a method not installed here
+    (only its records) is drawn as a line."""
+    from dpgen_bench import registry
+
+    class PluginFloor:
+        is_floor = True
+
+    registry.methods.register("plugin-floor", PluginFloor, hidden=True)
+    try:
+        assert F.is_floor("dpmean") and F.is_floor("plugin-floor")
+        assert not F.is_floor("dpgan") and not F.is_floor("not-installed-anywhere")
+        root = tmp_path / "runs"
+        for eps in (1.0, 10.0):
+            make_record(root, f"dpgan-{eps:g}", "dpgan", "digits", eps, 0, {"gen2real_cnn": 0.5}, rdp=eps, prv=eps)
+            make_record(root, f"pf-{eps:g}", "plugin-floor", "digits", eps, 0, {"gen2real_cnn": 0.3},
+                        rdp=eps, prv=eps)
+            make_record(root, f"ni-{eps:g}", "not-installed-anywhere", "digits", eps, 0, {"gen2real_cnn": 0.4},
+                        rdp=eps, prv=eps)
+        long, _ = T.collect(root)
+        plt = F._plt()
+        fig, ax = plt.subplots()
+        F.draw_metric_vs_eps(ax, T.aggregate(long), "gen2real_cnn")
+        assert [c.get_label() for c in ax.collections if "floor" in c.get_label()] == ["plugin-floor (floor)"]
+        assert {c.get_label() for c in ax.containers} >= {"dpgan", "not-installed-anywhere"}
+        plt.close(fig)
+    finally:
+        registry.methods._items.pop("plugin-floor", None)
+        registry.methods._meta.pop("plugin-floor", None)
+        registry.methods._hidden.discard("plugin-floor")

@@ -317,7 +317,7 @@ def test_paper_mode_charges_B_per_generator_step_and_takes_T_steps(cls):
 
 
 def test_the_sanitiser_counts_its_own_release_before_it_returns():
-    """Issue 30: the step is counted by the sanitiser as it releases the gradient, so no
+    """The step is counted by the sanitiser as it releases the gradient, so no
     loop can count it after the update (or forget it)."""
     from dpgen_bench.privacy.sanitizer import GradientSanitizer
 

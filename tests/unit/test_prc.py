@@ -1,4 +1,4 @@
-"""Issue 33: precision / recall / density / coverage (``prc``) and FID against the training split
+"""Precision / recall / density / coverage (``prc``) and FID against the training split
 (``fid_train``) on the Inception features FID uses, one feature pass for all of them, and
 their directions in ``bench report``.
 

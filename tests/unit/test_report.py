@@ -315,3 +315,63 @@ def test_training_figures_of_configurations_whose_names_collide_are_both_kept(tm
                      "eps_target": math.inf, "members": None, "variant": label, "seed": 0})
     F.training_curves(pd.DataFrame(rows), tmp_path)
     assert sorted(figs) == ["digits-epsinf-dpgan_lr=1_2-2-training", "digits-epsinf-dpgan_lr=1_2-training"]
+
+
+def _plain(root, name, method, eps, seed, acc, preset="quick", dataset="mnist-5k", **kw):
+    """A record whose settings are exactly ``preset``'s as the code resolves them now."""
+    import json
+
+    from dpgen_bench.config import build_config
+
+    cfg = build_config(method, dataset, epsilon=eps if math.isfinite(eps) else None, preset=preset)
+    d = make_record(root, name, method, dataset, eps, seed, {"gen2real_cnn": acc}, preset=preset,
+                    hparams=dict(cfg.hparams), **kw)
+    rec = json.loads((d / "config.json").read_text())
+    rec["samples_per_class"] = cfg.samples_per_class
+    (d / "config.json").write_text(json.dumps(rec))
+    return d
+
+
+def test_layout_tiers_sets_a_minute_an_hour_and_the_paper_side_by_side(tmp_path, cli_runner):
+    """quick from this machine's root, long from a second (committed) root, mean ± std over
+    seeds; the paper's number is the paper's own row; runs with overrides, at another ε or
+    of another preset's settings stay out."""
+    here, committed = tmp_path / "here", tmp_path / "committed"
+    for m, acc in (("dpgan", 0.2), ("dpaf", 0.1)):
+        _plain(here, f"{m}-q", m, 10.0, 0, acc, rdp=9.98, prv=8.5)
+    _plain(here, "gan-q", "gan", math.inf, 0, 0.55)
+    for seed, acc in enumerate((0.80, 0.84, 0.82)):
+        _plain(committed, f"dpgan-l{seed}", "dpgan", 10.0, seed, acc, preset="long", rdp=9.99, prv=8.7)
+    make_record(committed, "dpgan-l-override", "dpgan", "mnist-5k", 10.0, 0, {"gen2real_cnn": 0.99}, rdp=9.9,
+                prv=8, preset="long", hparams={"width": 7})
+    _plain(committed, "dpgan-l-eps1", "dpgan", 1.0, 0, 0.01, preset="long", rdp=0.99, prv=0.9)
+    res = cli_runner.invoke(cli, ["report", "--layout", "tiers", "--dataset", "mnist-5k", "--eps", "10",
+                                  "--results", str(here), "--also", str(committed), "--with-references"])
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "| method | ε spent (quick) | quick | long | paper | paper's table |"
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    assert row["dpgan"][:3] == ["9.98 / 8.5", "0.200 (n=1)", "0.820 ± 0.020"]
+    assert row["dpaf"][1:3] == ["0.100 (n=1)", "—"]
+    assert row["gan"][1:3] == ["0.550 (n=1)", "—"]
+    assert list(row)[-1] == "gan"  # ε = ∞ rows last
+
+
+def test_layout_tiers_takes_the_papers_own_row(monkeypatch):
+    from dpgen_bench.report.references import load_references
+
+    rows = []
+    for m, acc in (("dpgan", 0.2), ("dpaf", 0.1), ("dpmerf", 0.5), ("gan", 0.6)):
+        eps = math.inf if m == "gan" else 10.0
+        rows.append({"run_id": m, "method": m, "dataset": "mnist", "preset": "x", "seed": 0, "members": 0,
+                     "eps_target": eps, "delta": 1e-5, "eps_rdp": eps, "eps_prv": eps, "metric": "gen2real_cnn",
+                     "value": acc, "source": "ours", "finished": 1.0, "caveat": None, "run_dir": None})
+    long = T.label_variants(pd.concat([pd.DataFrame(rows), load_references()], ignore_index=True))
+    long.loc[long["source"] == "ours", "variant"] = "v"
+    monkeypatch.setattr(T, "_preset_variant", lambda *a: "v")  # every row of ours is its preset's plain run
+    tab = T.layout_tiers(long, "mnist", 10.0)
+    got = {r[0]: (c[-2].text(), c[-1]) for r, c in zip(tab.rows, tab.cells)}
+    assert got["dpgan"] == ("0.930", "private-gans-revisited-tmlr2023:Table 2")  # "This work"
+    assert got["dpaf"] == ("0.748", "dpaf:Table 1")  # DPAF's own Table 1 row
+    assert got["dpmerf"] == ("0.821", "private-gans-revisited-tmlr2023:Table 2")  # cites Cao et al. (2021)
+    assert got["gan"] == ("0.970", "private-gans-revisited-tmlr2023:Table 2")

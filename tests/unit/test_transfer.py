@@ -11,7 +11,7 @@ from dpgen_bench.data.digits import load_digits_data
 # Half of digits' training split (700 of 1,437, each class its share, seeded): the
 # classifiers here stand in for the evaluators' sanity on real data, and train on it (the
 # real2gen ones always, the gen2real ones when it is the "synthetic" set); half the data
-# halves the module's time (issue 31) and still separates real from shuffled labels by far.
+# halves the module's time and still separates real from shuffled labels by far.
 N_TRAIN = 700
 
 

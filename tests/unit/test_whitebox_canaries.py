@@ -1,4 +1,4 @@
-"""White-box Dirac canaries in a DPSGD part's own optimizer (issue 30, items 1 and 3): on the
+"""White-box Dirac canaries in a DPSGD part's own optimizer: on the
 correct part the one-run bound stays below the accountant's ε; with a quarter of the noise
 (a planted bug in the part's noise multiplier) it exceeds it."""
 
