@@ -50,6 +50,8 @@ CASES = [
     ("dpac", "mnist", ["steps=300", "pretrain_steps=2", "num_discriminators=100", "t_c=100"]),
     ("dpsinkhorn", "mnist", ["max_steps=300"]),
     ("dpmerf", "mnist", ["epochs=1"]),
+    ("dpntk", "mnist", ["steps=20"]),
+    ("dpkernel", "mnist", ["steps=300"]),
     # one paper step is 4,096 × 32 = 131,072 rows (~24 s on an H200, 2026-11-27; ~75 s on an
     # H100 before bk's one-copy im2col): two steps, and no probe (it would time four)
     ("dpdm", "mnist", ["steps=2"]),
@@ -63,6 +65,8 @@ SMOKE = {
     "dpac": ["steps=2", "pretrain_steps=1", "num_discriminators=10", "t_c=1"],
     "dpsinkhorn": ["max_steps=2"],
     "dpmerf": ["epochs=1", "num_features=500"],
+    "dpntk": ["steps=2", "widths=50", "batch_size=100"],
+    "dpkernel": ["steps=2"],
     "dpdm": ["steps=2", "batch_size=16", "noise_multiplicity=2", "max_physical_batch=8", "sampler_steps=3"],
 }
 

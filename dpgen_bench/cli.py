@@ -352,7 +352,8 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
         frames.append(part)
         if skipped:
             log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, one)
-    long = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    filled = [f for f in frames if not f.empty]  # an empty root (no records yet) adds nothing
+    long = pd.concat(filled, ignore_index=True) if len(filled) > 1 else (filled or frames)[0]
     if required and not long.empty:
         fresh = {d: store.made_after(Path(d), required) for d in long["run_dir"].unique()}
         stale = sum(not ok for ok in fresh.values())

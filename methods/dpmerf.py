@@ -35,9 +35,9 @@ import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.nets.dcgan import conditional_generator
-from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
+from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import release_noise_to_signal
-from dpgen_bench.privacy.accounting import gaussian_releases
+from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
 
 SUM, COUNT = "embedding_sum", "count"
@@ -70,11 +70,7 @@ class DPMERFHparams:
             raise ValueError("weights must be two positive numbers (embedding sum, count)")
 
     def shares(self) -> tuple[float, ...]:
-        try:
-            w = [float(x) for x in self.weights.split(",")]
-        except ValueError:
-            raise ValueError(f"weights must be two numbers, got {self.weights!r}") from None
-        return tuple(x / sum(w) for x in w) if sum(w) > 0 else tuple(w)
+        return release_shares(self.weights)
 
 
 def random_features(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -88,7 +84,7 @@ def label_embedding(phi: torch.Tensor, labels: torch.Tensor, num_classes: int) -
     return F.one_hot(labels, num_classes).to(phi.dtype).T @ phi
 
 
-class DPMERF(Method):
+class DPMERF(ConditionalSampling, Method):
     """DP-MERF: one DP release of a random-feature mean embedding, a generator matched to it."""
 
     name = "dpmerf"
@@ -175,15 +171,6 @@ class DPMERF(Method):
         self.G.cpu().eval()
         self.freqs = self.freqs.cpu()
 
-    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
-        return sample_conditional(self.G, n, labels, self.info.num_classes, self.hparams.latent_dim, rng)
-
-    @property
-    def latent_dim(self) -> int:  # type: ignore[override]
-        return self.hparams.latent_dim
-
-    def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        return generate_conditional(self.G, z, labels, self.name)
 
     def state_dict(self) -> dict:
         return {"G": self.G.state_dict(), "freqs": self.freqs}

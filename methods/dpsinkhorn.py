@@ -92,7 +92,7 @@ from torch import Tensor
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.nets.dcgan import conditional_generator
-from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
+from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.dpsgd import poisson_batch
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
@@ -253,7 +253,7 @@ _QUICK_DIGITS = dict(batch_size=10, steps=6000, lr=5e-4, g_width=32, latent_dim=
                      samples_per_class=100)
 
 
-class DPSinkhorn(Method):
+class DPSinkhorn(ConditionalSampling, Method):
     """DP-Sinkhorn: a generator trained on a privatised gradient of a semi-debiased Sinkhorn loss."""
 
     name = "dpsinkhorn"
@@ -396,15 +396,6 @@ class DPSinkhorn(Method):
 
     # ----------------------------------------------------------------- sampling
 
-    def sample(self, n: int, labels: Tensor | None, rng: torch.Generator):
-        return sample_conditional(self.G, n, labels, self.info.num_classes, self.hparams.latent_dim, rng)
-
-    @property
-    def latent_dim(self) -> int:  # type: ignore[override]
-        return self.hparams.latent_dim
-
-    def generate(self, z: Tensor, labels: Tensor | None) -> Tensor:
-        return generate_conditional(self.G, z, labels, self.name)
 
     def state_dict(self) -> dict:
         return {"G": self.G.state_dict()}

@@ -144,7 +144,7 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.errors import UserError
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
-from dpgen_bench.nets.sampling import generate_conditional, sample_conditional
+from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.accounting import WOR, WOR_GAUSSIAN
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
@@ -209,7 +209,7 @@ _QUICK_DIGITS = dict(num_discriminators=50, batch_size=32, n_d=1, steps=700, pre
                      lr_g=2e-4, beta1_g=0.9, ema=0.995, log_every=50, samples_per_class=100)
 
 
-class GSWGAN(Method):
+class GSWGAN(ConditionalSampling, Method):
     """GS-WGAN: K non-private discriminators on disjoint subsets, sanitised generator gradient."""
 
     name = "gswgan"
@@ -546,15 +546,8 @@ class GSWGAN(Method):
         """The released generator: the EMA one when ``ema > 0``."""
         return self.G_ema if self.G_ema is not None else self.G
 
-    def sample(self, n: int, labels: torch.Tensor | None, rng: torch.Generator):
-        return sample_conditional(self.generator, n, labels, self.info.num_classes, self.hparams.latent_dim, rng)
-
-    @property
-    def latent_dim(self) -> int:  # type: ignore[override]
-        return self.hparams.latent_dim
-
-    def generate(self, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        return generate_conditional(self.generator, z, labels, self.name)
+    def sampling_generator(self) -> nn.Module:
+        return self.generator
 
     def state_dict(self) -> dict:
         return {"G": self.generator.state_dict()}

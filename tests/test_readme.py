@@ -408,3 +408,45 @@ def test_make_demo_digits_is_one_command_away():
     sweep, report = _demo_commands("demo-digits")
     assert sweep[sweep.index("--dataset") + 1] == "digits" and report[report.index("--dataset") + 1] == "digits"
     assert "--method" in sweep and sweep[sweep.index("--method") + 1] == "all"
+
+
+def _mnist_slice(monkeypatch, n_train: int = 3000, n_test: int = 1000) -> None:
+    """`mnist` as the first ``n_train`` / ``n_test`` images of the real thing (a test's budget)."""
+    from dpgen_bench import registry
+    from dpgen_bench.api import ImageData, Split
+    from dpgen_bench.data.mnist import load_mnist
+
+    def sliced(**kw):
+        full = load_mnist(**kw)
+        part = lambda s, n: Split(s.images[:n], s.labels[:n])  # noqa: E731
+        return ImageData(full.name, part(full.train, n_train), part(full.test, n_test), full.class_names,
+                         full.description)
+
+    monkeypatch.setitem(registry.datasets._items, "mnist", sliced)
+
+
+def test_make_demo_mnist_prints_the_tiers_of_every_method(cli_runner, monkeypatch, tmp_path):
+    """`make demo-mnist` trains every method on full MNIST and prints the tiers table (quick
+    beside the committed long records and the paper's number). The same commands with
+    ``--preset tiny`` on a slice of MNIST write a record per method and print one row each."""
+    from dpgen_bench import registry
+
+    sweep, report = _demo_commands("demo-mnist")
+    assert sweep[sweep.index("--dataset") + 1] == "mnist" and report[report.index("--dataset") + 1] == "mnist"
+    assert sweep[sweep.index("--method") + 1] == "all" and sweep[sweep.index("--preset") + 1] == "quick"
+    assert report[report.index("--layout") + 1] == "tiers" and "--with-references" in report
+    committed = report[report.index("--also") + 1]
+    assert (ROOT / committed).is_dir()
+    report[report.index("--also") + 1] = str(ROOT / committed)
+    sweep[sweep.index("--preset") + 1] = "tiny"
+    _mnist_slice(monkeypatch)
+    monkeypatch.setenv("DPGEN_RESULTS", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(tmp_path)
+    res = cli_runner.invoke(cli, sweep)
+    assert res.exit_code == 0, (res.output, res.stderr, res.exception)
+    assert len(list((tmp_path / "elsewhere").rglob("eval.json"))) == len(registry.methods.names())
+    res = cli_runner.invoke(cli, report)
+    assert res.exit_code == 0, (res.output, res.stderr, res.exception)
+    assert res.output.splitlines()[0].startswith("| method | ε spent (tiny) | tiny |")
+    for method in registry.methods.names():
+        assert re.search(rf"^\| {method} \|", res.output, re.M), (method, res.output)

@@ -256,20 +256,20 @@ def hair_split_sizes(root: str | os.PathLike | None = None) -> tuple[int, int]:
 
 
 def load_celeba_gender(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """CelebA 64x64, Male -> (female, male); train = train+valid, test = test partition."""
+    """CelebA 64x64, Male -> (female, male); train = train+valid, test = test partition (local files: <root>/celeba)."""
     return load("gender", 64, root, **kw)
 
 
 def load_celeba_gender_32(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """CelebA 32x32, Male -> (female, male)."""
+    """CelebA 32x32, Male -> (female, male) (local files: <root>/celeba)."""
     return load("gender", 32, root, **kw)
 
 
 def load_celeba_hair(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """CelebA 64x64, hair black / blonde / brown (exactly one of the three)."""
+    """CelebA 64x64, hair black / blonde / brown, exactly one of the three (local files: <root>/celeba)."""
     return load("hair", 64, root, **kw)
 
 
 def load_celeba_hair_32(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """CelebA 32x32, hair black / blonde / brown."""
+    """CelebA 32x32, hair black / blonde / brown (local files: <root>/celeba)."""
     return load("hair", 32, root, **kw)

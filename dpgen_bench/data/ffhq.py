@@ -199,10 +199,10 @@ def load(size: int, root: str | os.PathLike | None = None, *, workers: int | Non
 
 
 def load_ffhq_gender(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """FFHQ 128x128, gender (female, male), 90 / 10 split with seed 0."""
+    """FFHQ 128x128, gender (female, male), 90 / 10 split with seed 0 (local files: <root>/ffhq)."""
     return load(128, root, **kw)
 
 
 def load_ffhq_gender_64(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """FFHQ 64x64, gender (female, male), 90 / 10 split with seed 0."""
+    """FFHQ 64x64, gender (female, male), 90 / 10 split with seed 0 (local files: <root>/ffhq)."""
     return load(64, root, **kw)

@@ -219,10 +219,10 @@ def load_mnist_32(root: str | os.PathLike | None = None, **kw) -> ImageData:
 
 
 def load_fashion_mnist(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """Fashion-MNIST 28x28 grey, 60k / 10k, from <root>/FashionMNIST/raw."""
+    """Fashion-MNIST 28x28 grey, 60k / 10k (local files: IDX in <root>/FashionMNIST/raw)."""
     return load("fashion-mnist", 28, root, **kw)
 
 
 def load_fashion_mnist_32(root: str | os.PathLike | None = None, **kw) -> ImageData:
-    """Fashion-MNIST zero-padded to 32x32."""
+    """Fashion-MNIST zero-padded to 32x32 (local files: IDX in <root>/FashionMNIST/raw)."""
     return load("fashion-mnist", 32, root, **kw)

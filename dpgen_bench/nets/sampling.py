@@ -1,5 +1,6 @@
-"""Drawing samples from a conditional generator ``G(z, y)`` in memory-bounded chunks, and
-the generator as a differentiable function of its latent input (membership attacks, audit)."""
+"""Drawing samples from a conditional generator ``G(z, y)`` in memory-bounded chunks, the
+generator as a differentiable function of its latent input (membership attacks, audit), and
+:class:`ConditionalSampling`, the three methods every such method would otherwise repeat."""
 
 from __future__ import annotations
 
@@ -31,3 +32,23 @@ def generate_conditional(G: nn.Module, z: Tensor, labels: Tensor | None, name: s
     if labels is None:
         raise ValueError(f"'{name}' is conditional: labels are required")
     return G.cpu().eval()(z, labels.long())
+
+
+class ConditionalSampling:
+    """``sample``, ``latent_dim`` and ``generate`` of a method whose generator is a
+    conditional ``G(z, y)`` (``self.G``, or what :meth:`sampling_generator` returns) with
+    latent size ``hparams.latent_dim``. Put it before ``Method`` among the bases."""
+
+    def sampling_generator(self) -> nn.Module:
+        return self.G
+
+    def sample(self, n: int, labels: Tensor | None, rng: torch.Generator):
+        return sample_conditional(self.sampling_generator(), n, labels, self.info.num_classes,
+                                  self.hparams.latent_dim, rng)
+
+    @property
+    def latent_dim(self) -> int:
+        return self.hparams.latent_dim
+
+    def generate(self, z: Tensor, labels: Tensor | None) -> Tensor:
+        return generate_conditional(self.sampling_generator(), z, labels, self.name)

@@ -482,6 +482,16 @@ def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: f
     raise UserError(f"'{method}' needs either steps or noise_multiplier set (--set steps=N)")
 
 
+def release_shares(weights: str, what: str = "two numbers") -> tuple[float, ...]:
+    """A setting "w1,w2,…" of release weights as shares summing to 1 (as given when they sum
+    to 0: the caller refuses them); an unparsable one is a ValueError that names ``what``."""
+    try:
+        w = [float(x) for x in weights.split(",")]
+    except ValueError:
+        raise ValueError(f"weights must be {what}, got {weights!r}") from None
+    return tuple(x / sum(w) for x in w) if sum(w) > 0 else tuple(w)
+
+
 def gaussian_releases(*, epsilon: float, delta: float, shares: dict[str, float]) -> list[PrivacyPart]:
     """One-shot Gaussian releases on the whole dataset (sample rate 1, one step each) that
     share one calibrated noise: the RDP of a release is α/(2σ_k²), so parts with

@@ -14,7 +14,7 @@ PATH = Path(__file__).with_name("references.csv")
 NOT_COMPUTED = {"is": "Inception Score"}
 # The papers' names of methods this harness implements, as our registry names them, so that
 # "dpmerf (paper)" stands beside "dpmerf" (the CSV keeps the papers' spelling).
-ALIASES = {"dp-merf": "dpmerf", "dp-sinkhorn": "dpsinkhorn"}
+ALIASES = {"dp-merf": "dpmerf", "dp-sinkhorn": "dpsinkhorn", "dp-ntk": "dpntk", "dp-kernel": "dpkernel"}
 
 
 def load_references(path: Path = PATH) -> pd.DataFrame:

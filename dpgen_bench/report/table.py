@@ -397,6 +397,7 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
     preset gives". The paper's number is the row its own paper reports for the method (else
     the first that cites one), at this dataset, ε and metric."""
     long = long if "base_method" in long else label_variants(long)
+    long = long.assign(eps_target=long["eps_target"].astype(float))
     finite = eps is not None and math.isfinite(eps)
     at_eps = (long["eps_target"] == eps) | ~np.isfinite(long["eps_target"]) if finite else long["eps_target"].notna()
     sel = long[(long["dataset"] == dataset) & (long["members"].fillna(0) == 0) & at_eps & (long["metric"] == metric)]
@@ -404,6 +405,8 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
     plain = ours[[v == _preset_variant(b, dataset, p, e) for v, b, p, e in zip(
         ours["variant"], ours["base_method"], ours["preset"], ours["eps_target"])]]
     presets = [p for p in TIER_ORDER if (plain["preset"] == p).any()]
+    if "quick" in presets and "long" not in presets:  # a quick run's next tier, shown before it has records too
+        presets.insert(presets.index("quick") + 1, "long")
     presets += sorted(set(plain["preset"].dropna()) - set(presets))
     refs = sel[sel["source"] == "paper"]
     methods = sorted(set(plain["base_method"]), key=lambda m: (not math.isfinite(

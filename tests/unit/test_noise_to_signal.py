@@ -13,7 +13,7 @@ from dpgen_bench.cli import cli
 from dpgen_bench.config import build_config
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, release_noise_to_signal
 
-PRIVATE = ["dpgan", "dpaf", "dpdm", "gswgan", "dpac", "dpsinkhorn", "dpmerf", "dpmean"]
+PRIVATE = ["dpgan", "dpaf", "dpdm", "gswgan", "dpac", "dpsinkhorn", "dpmerf", "dpmean", "dpntk", "dpkernel"]
 
 
 def _prepared(method: str, dataset: str = "digits", preset: str = "tiny", eps: float = 10.0, **sets):
