@@ -353,7 +353,10 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
         if skipped:
             log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, one)
     filled = [f for f in frames if not f.empty]  # an empty root (no records yet) adds nothing
-    long = pd.concat(filled, ignore_index=True) if len(filled) > 1 else (filled or frames)[0]
+    long = (filled or frames)[0]
+    if len(filled) > 1:  # configurations are told apart across all roots, not within each
+        long = pd.concat(filled, ignore_index=True)
+        long = T.label_variants(long.assign(method=long["base_method"]))
     if required and not long.empty:
         fresh = {d: store.made_after(Path(d), required) for d in long["run_dir"].unique()}
         stale = sum(not ok for ok in fresh.values())

@@ -392,10 +392,13 @@ TIER_ORDER = ("quick", "long", "paper")  # the tiers' columns first, in this ord
 def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: str = "gen2real_cnn") -> Table:
     """Rows method; columns one metric per preset tier (``quick``: a CPU-minute, ``long``: a
     CPU-hour, ``paper``: the paper's settings), mean ± std over seeds, then the method's own
-    paper's number and where it is printed. Only a tier's plain configuration counts (no
-    ``--set`` override, no validation split, no ``--noise-off``): the row reads "what this
-    preset gives". The paper's number is the row its own paper reports for the method (else
-    the first that cites one), at this dataset, ε and metric."""
+    paper's number and where it is printed. Only a tier's plain configuration counts: settings
+    equal to the preset as the code resolves it now (no ``--set`` override, no validation
+    split, no ``--noise-off``, no record of a preset since changed), so the row reads "what
+    this preset gives". The paper's number is the row a paper reports for its own method
+    (references.csv's ``reported_in`` "This work"), else one citing the original source, else
+    the first, at this dataset, ε and metric. "ε spent" is that of the row's first tier with a
+    run."""
     long = long if "base_method" in long else label_variants(long)
     long = long.assign(eps_target=long["eps_target"].astype(float))
     finite = eps is not None and math.isfinite(eps)
@@ -415,8 +418,8 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
     for m in methods:
         line: list[Cell | str] = []
         mine = plain[plain["base_method"] == m]
-        line.append(_spent("ours", mine[mine["preset"] == presets[0]], notes) if (mine["preset"] == presets[0]).any()
-                    else _spent("ours", mine, notes))
+        first = next(p for p in presets if (mine["preset"] == p).any())  # the row's first tier with a run
+        line.append(_spent("ours", mine[mine["preset"] == first], notes))
         for p in presets:
             v = mine[mine["preset"] == p].drop_duplicates("run_id")["value"]
             line.append(Cell(float(v.mean()), float(v.std()) if len(v) > 1 else math.nan, len(v)) if len(v) else "—")
@@ -432,8 +435,7 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
         rows.append((m,))
         cells.append(line)
     title = f"{dataset}, {metric}" + (f", ε = {fmt_eps(eps)}" if eps is not None else "")
-    return Table(title, ["method"], rows, [f"ε spent ({presets[0] if presets else '—'})"] + presets
-                 + ["paper", "paper's table"], cells, notes)
+    return Table(title, ["method"], rows, ["ε spent"] + presets + ["paper", "paper's table"], cells, notes)
 
 
 @functools.lru_cache(maxsize=None)

@@ -349,7 +349,7 @@ def test_layout_tiers_sets_a_minute_an_hour_and_the_paper_side_by_side(tmp_path,
                                   "--results", str(here), "--also", str(committed), "--with-references"])
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == "| method | ε spent (quick) | quick | long | paper | paper's table |"
+    assert lines[0] == "| method | ε spent | quick | long | paper | paper's table |"
     row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
     assert row["dpgan"][:3] == ["9.98 / 8.5", "0.200 (n=1)", "0.820 ± 0.020"]
     assert row["dpaf"][1:3] == ["0.100 (n=1)", "—"]
@@ -375,3 +375,16 @@ def test_layout_tiers_takes_the_papers_own_row(monkeypatch):
     assert got["dpaf"] == ("0.748", "dpaf:Table 1")  # DPAF's own Table 1 row
     assert got["dpmerf"] == ("0.821", "private-gans-revisited-tmlr2023:Table 2")  # cites Cao et al. (2021)
     assert got["gan"] == ("0.970", "private-gans-revisited-tmlr2023:Table 2")
+
+
+def test_layout_tiers_keeps_a_seed_of_each_root_when_each_root_holds_one_configuration(tmp_path, cli_runner):
+    """Each root alone labels its one configuration plainly "dpgan"; together they are two
+    configurations, and seed 0 of one must not replace seed 0 of the other."""
+    here, committed = tmp_path / "here", tmp_path / "committed"
+    _plain(here, "dpgan-q", "dpgan", 10.0, 0, 0.2, rdp=9.98, prv=8.5)
+    _plain(committed, "dpgan-l", "dpgan", 10.0, 0, 0.7, preset="long", rdp=9.96, prv=8.1)
+    res = cli_runner.invoke(cli, ["report", "--layout", "tiers", "--dataset", "mnist-5k", "--eps", "10",
+                                  "--results", str(here), "--also", str(committed)])
+    assert res.exit_code == 0, res.stderr
+    row = [c.strip() for c in res.stdout.splitlines()[2].split("|")[1:-1]]
+    assert row[:4] == ["dpgan", "9.98 / 8.5", "0.200 (n=1)", "0.700 (n=1)"], res.stdout
