@@ -338,7 +338,7 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
     roots = [store.results_root(results)] + [Path(a) for a in also]
     for root in roots:
         _check_results_root(root)
-    root = roots[0] if len(roots) == 1 else ", ".join(map(str, roots))
+    where = ", ".join(map(str, roots))
     if out:
         _check_writable(Path(out).parent, f"--out {out}")
         if Path(out).is_dir():
@@ -346,17 +346,9 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
     if figures:
         _check_writable(Path(figures), f"--figures {figures}")
     required = store.resolve_commit(require_commit) if require_commit else None
-    frames = []
-    for one in roots:
-        part, skipped = T.collect(one)
-        frames.append(part)
-        if skipped:
-            log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, one)
-    filled = [f for f in frames if not f.empty]  # an empty root (no records yet) adds nothing
-    long = (filled or frames)[0]
-    if len(filled) > 1:  # configurations are told apart across all roots, not within each
-        long = pd.concat(filled, ignore_index=True)
-        long = T.label_variants(long.assign(method=long["base_method"]))
+    long, skipped = T.collect(*roots)
+    if skipped:
+        log.warning("skipped %d incomplete, failed or damaged run(s) under %s", skipped, where)
     if required and not long.empty:
         fresh = {d: store.made_after(Path(d), required) for d in long["run_dir"].unique()}
         stale = sum(not ok for ok in fresh.values())
@@ -365,7 +357,7 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
                         "again)", stale, require_commit)
         long = long[long["run_dir"].map(fresh)]
     if long.empty:
-        raise UserError(f"no completed runs under {root}" + (f" made by code with {require_commit}" if required else ""))
+        raise UserError(f"no completed runs under {where}" + (f" made by code with {require_commit}" if required else ""))
     full = long
     if with_references:
         from .report.references import load_references

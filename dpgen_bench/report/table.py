@@ -50,11 +50,12 @@ CAVEAT_MARK = "‡"
 log = logging.getLogger("dpgen_bench")
 
 
-def collect(root: Path) -> tuple[pd.DataFrame, int]:
-    """Long frame of all complete runs under ``root`` and the number skipped: incomplete
+def collect(root: Path, *more: Path) -> tuple[pd.DataFrame, int]:
+    """Long frame of all complete runs under ``root`` (and the roots in ``more``, their
+    configurations labelled together, as one set of runs) and the number skipped: incomplete
     ones, and damaged ones, each named in a warning with what is wrong."""
     rows, skipped = [], 0
-    for run_dir in store.iter_run_dirs(Path(root)):
+    for run_dir in (d for r in (root, *more) for d in store.iter_run_dirs(Path(r))):
         try:
             rec = store.load_record(run_dir)
             if rec is not None:
@@ -400,7 +401,6 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
     the first, at this dataset, ε and metric. "ε spent" is that of the row's first tier with a
     run."""
     long = long if "base_method" in long else label_variants(long)
-    long = long.assign(eps_target=long["eps_target"].astype(float))
     finite = eps is not None and math.isfinite(eps)
     at_eps = (long["eps_target"] == eps) | ~np.isfinite(long["eps_target"]) if finite else long["eps_target"].notna()
     sel = long[(long["dataset"] == dataset) & (long["members"].fillna(0) == 0) & at_eps & (long["metric"] == metric)]
