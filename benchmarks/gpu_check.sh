@@ -109,15 +109,15 @@ mnist5k() {
             # dpgan's quick preset exactly as on the CPU (CLAIMS.md's row), 3 seeds
             dpgan-quick-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick $common --seed $seed --out $r/$run & ;;
             # the same schedule with the paper's networks (width 128, latent 128)
-            dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set width=128 \
+            dpgan-paper-nets-s*) $PY -m dpgen_bench.cli run --method dpgan --preset quick --set d_width=128 \
                 --set g_width=128 --set latent_dim=128 $common --seed $seed --out $r/$run & ;;
             # the candidate for dpgan's 0.5 on mnist-5k: the `long` preset's schedule (T = 6,000,
             # n_D = 1, G's weight average 0.999) with the paper's networks; -val-: on the validation part;
             # C_SET adds settings to these runs (e.g. C_SET="--set lr_d=2e-4 --set lr_g=2e-4", the paper's)
-            dpgan-wide-long-val-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
+            dpgan-wide-long-val-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set d_width=128 \
                 --set g_width=128 --set latent_dim=128 ${C_SET:-} $common --eval-split val --seed $seed \
                 --out $r/$run & ;;
-            dpgan-wide-long-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set width=128 \
+            dpgan-wide-long-s*) $PY -m dpgen_bench.cli run --method dpgan --preset long --set d_width=128 \
                 --set g_width=128 --set latent_dim=128 ${C_SET:-} $common --seed $seed --out $r/$run & ;;
             # dpdm: the paper's 28×28 U-Net (nf 32, ch_mult 1,2,2, 2 res blocks, attention at 7,
             # Euler 50) on the quick schedule (B = 32, K = 1, T = 150)

@@ -135,7 +135,7 @@ def _generator(device, seed: int = 0) -> torch.Generator:
 
 def _dpgan_step(hp, info: DataInfo, batch: int, mode: str, device) -> Callable[[], None]:
     """``dp_step.make_step``: D's step of ``DPGAN._d_step`` on B real + B fake rows."""
-    return make_step(info.image_shape, hp.width, batch, mode, device)
+    return make_step(info.image_shape, hp.d_width, batch, mode, device)
 
 
 def _dpaf_step(hp, info: DataInfo, batch: int, mode: str, device) -> Callable[[], None]:
@@ -291,9 +291,9 @@ class Part:
 
 PARTS = {
     "dpgan": Part(DPGAN, "D's DPSGD step (B real + B fake rows)", "D's DPSGD step", (NON_PRIVATE, "bk", "hooks"),
-                  _dpgan_step, lambda h: f"D width {h.width}"),
+                  _dpgan_step, lambda h: f"D width {h.d_width}"),
     "dpaf": Part(DPAF, "conv2*'s DPSGD step (B real + B fake rows)", "conv2*'s DPSGD step",
-                 (NON_PRIVATE, "hooks+gc", "bk+gc", "bk"), _dpaf_step, lambda h: f"{h.layer_config}, d={h.width}, μ={h.mu}"),
+                 (NON_PRIVATE, "hooks+gc", "bk+gc", "bk"), _dpaf_step, lambda h: f"{h.layer_config}, d={h.d_width}, μ={h.mu}"),
     "gswgan": Part(GSWGAN, "G's step through D, sanitised image gradient (B fakes)", "G step, per-row sanitiser",
                    (NON_PRIVATE, "sanitiser"), _gswgan_step,
                    lambda h: f"G {h.g_width} / D {h.d_width}{', spectral norm' if h.d_spectral_norm else ''}"),

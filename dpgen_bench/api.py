@@ -315,6 +315,10 @@ class Method(abc.ABC):
     # report`'s configuration identity leave them out, so the runs recorded without them
     # stay the same configuration (``config.stable_hparams``).
     late_hparams: ClassVar[dict[str, Any]] = {}
+    # Hparams renamed after runs were recorded, old name -> current name: records, --set and
+    # config files with the old name still load, and a sweep cell's key and the random
+    # streams' key hash the old name, so renaming changes no run (``config.hashed_hparams``).
+    renamed_hparams: ClassVar[dict[str, str]] = {}
     # Measured wall seconds of one run with a preset, ``{preset: {dataset: seconds}}`` (fit,
     # sampling and gen2real CNN, one CPU thread, two runs sharing two cores): a parallel `bench
     # sweep` starts its longest cells first so that no long cell starts last. Only the order of
@@ -327,6 +331,12 @@ class Method(abc.ABC):
     def __init__(self, hparams: Any, info: DataInfo):
         self.hparams = hparams
         self.info = info
+
+    @property
+    def sample_rate(self) -> float:
+        """The expected fraction of the training split in one step's Poisson batch,
+        ``batch_size / N`` (at most 1); a method that samples otherwise overrides it."""
+        return min(1.0, self.hparams.batch_size / self.info.n_train)
 
     def accounting_caveat(self) -> str | None:
         """None when the ε the ledger composes is a DP guarantee of what ``fit`` does.

@@ -71,6 +71,7 @@ class RunConfig:
         d["epsilon"] = float(d["epsilon"])
         d["evaluators"] = tuple(d.get("evaluators", DEFAULT_EVALUATORS))
         d.setdefault("eval_split", "test")  # records written before --eval-split existed
+        d["hparams"] = current_hparams(d["method"], d.get("hparams") or {})  # records from before a rename
         return cls(**d)
 
 
@@ -123,19 +124,38 @@ def stream_key(config: "RunConfig") -> str:
     run (same config) draws the same. ``--noise-off`` is left out: its run is the noisy
     run's pipeline with σ = 0, on the same batches (and releases nothing private)."""
     d = {k: v for k, v in config.to_json().items() if k not in _NOT_IN_STREAM_KEY}
-    d["hparams"] = stable_hparams(config.method, config.hparams)
+    d["hparams"] = hashed_hparams(config.method, config.hparams)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """``hparams`` without the method's ``late_hparams`` that sit at their "as before" value:
-    what a sweep cell's key and a report's configuration identity hash, so that adding a
-    setting to a method does not orphan the runs recorded before it existed."""
+def _method_attribute(method: str, attr: str) -> dict:
     try:
-        late = registry.methods.attribute(method, "late_hparams")
-    except Exception:  # noqa: BLE001 - a method not installed here: nothing to leave out
-        late = {}
-    return {k: v for k, v in hparams.items() if not (k in late and _same(v, late[k]))}
+        return registry.methods.attribute(method, attr)
+    except Exception:  # noqa: BLE001 - a method not installed here: nothing renamed or late
+        return {}
+
+
+def current_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` with the method's ``renamed_hparams`` under their current names (a
+    record, ``--set`` or a config file from before a rename)."""
+    renamed = _method_attribute(method, "renamed_hparams")
+    return {renamed.get(k, k): v for k, v in hparams.items()}
+
+
+def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` under their current names, without the method's ``late_hparams`` that sit
+    at their "as before" value: a report's configuration identity, so that adding a setting
+    to a method does not orphan the runs recorded before it existed."""
+    late = _method_attribute(method, "late_hparams")
+    return {k: v for k, v in current_hparams(method, hparams).items() if not (k in late and _same(v, late[k]))}
+
+
+def hashed_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """``stable_hparams`` under the names they had when first recorded: what a sweep cell's
+    key and the random streams' key hash, so a renamed setting keeps every run's cell and
+    streams (a rename changes no result)."""
+    old = {new: old for old, new in _method_attribute(method, "renamed_hparams").items()}
+    return {old.get(k, k): v for k, v in stable_hparams(method, hparams).items()}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -219,6 +239,9 @@ def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict
     ``hparams``; default ``--set``)."""
     fields = hparam_fields(method_cls.Hparams)
     values = preset_overrides(method_cls, preset, dataset)
+    renamed = getattr(method_cls, "renamed_hparams", {})
+    overrides = {renamed.get(k, k): v for k, v in overrides.items()}  # an old name still works
+    sources = {renamed.get(k, k): v for k, v in (sources or {}).items()}
     run_level = {k: values.pop(k) for k in list(values) if k in RUN_KEYS}
     where = {k: f"preset '{preset}'" for k in values}
     for key, value in overrides.items():

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import registry, runner, store
-from .config import MAX_SEED, RunConfig, build_config, parse_seed, stable_hparams
+from .config import MAX_SEED, RunConfig, build_config, hashed_hparams, parse_seed
 from .errors import UserError
 from .logs import setup_logging
 
@@ -42,7 +42,7 @@ class Cell:
     @property
     def key(self) -> str:
         cfg = self.config.to_json()
-        cfg["hparams"] = stable_hparams(cfg["method"], cfg["hparams"])  # late settings at "as before": left out
+        cfg["hparams"] = hashed_hparams(cfg["method"], cfg["hparams"])  # late settings left out, old names kept
         blob = json.dumps(cfg, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 

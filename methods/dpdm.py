@@ -102,6 +102,7 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
+from dpgen_bench.nets.averaging import update_average
 from dpgen_bench.nets.unet import ConditionalUNet
 from dpgen_bench.privacy import (calibrate_noise, dpsgd_noise_to_signal, parameter_count, release_noise_to_signal,
                                  steps_and_noise)
@@ -387,10 +388,6 @@ class DPDM(Method):
         self.sample_device = torch.device("cpu")
 
     @property
-    def sample_rate(self) -> float:
-        return min(1.0, self.hparams.batch_size / self.info.n_train)
-
-    @property
     def central_rate(self) -> float:
         return min(1.0, self.hparams.central_batch / self.info.n_train)
 
@@ -480,7 +477,7 @@ class DPDM(Method):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                self._update_ema()
+                update_average(self.ema, self.net, self.hparams.ema_decay)
                 bar.update(1)
                 if t % h.log_every == 0 or t == h.warmup_steps:
                     ctx.record(step=t, warmup_loss=loss.item())
@@ -568,7 +565,7 @@ class DPDM(Method):
             else:
                 loss_sum += self._step(net, opt, train, idx, diff_gen)
                 seen += 1
-            self._update_ema()
+            update_average(self.ema, self.net, self.hparams.ema_decay)
             bar.update(1)
             if t % h.log_every == 0 or t == total:
                 ctx.record(step=t, loss=loss_sum / max(seen, 1))
@@ -581,12 +578,6 @@ class DPDM(Method):
             net._close()
         self.net.cpu().eval()
         self.ema.cpu().eval()
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        d = self.hparams.ema_decay
-        for pe, p in zip(self.ema.parameters(), self.net.parameters()):
-            pe.mul_(d).add_(p.detach(), alpha=1 - d)
 
     # ----------------------------------------------------------------- sampling
 

@@ -35,8 +35,8 @@ Departures from the paper:
   half feeds the scheduler, so this is the same quantity.
 - The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
   uniform over classes, as in their code.
-- ``g_ema`` (off unless set; of the presets only ``long`` on mnist-5k sets it): the samples come from an exponential
-  moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
+- ``ema_decay`` (off unless set; of the presets only the ``long`` ones set it): the samples
+  come from an exponential moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
   as DPDM and EDM do for their networks; not in the paper. No privacy cost: the average
   is a function of G's iterates, themselves post-processing of D's noised gradients.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
+from dpgen_bench.nets.averaging import update_average
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, steps_and_noise
@@ -111,7 +112,7 @@ class DPGANHparams:
     threshold_by_epsilon: str | None = None  # "ε:d,ε:d" (authors' configs; nearest ε in log scale)
     adaptive_beta: float = 0.99
     adaptive_grace: int | None = None  # G steps; default 2/(1-β)
-    width: int = 128  # d_D of the paper
+    d_width: int = 128  # d_D of the paper
     g_width: int = 128
     latent_dim: int = 128
     lr_d: float = 2e-4
@@ -133,7 +134,7 @@ class DPGANHparams:
     log_every: int = 25  # G steps between train.jsonl lines
     # exponential moving average of G's weights (β per G step; 0: off, the paper's G). The
     # samples come from the average: a function of G's iterates, so of no privacy cost
-    g_ema: float = 0.0
+    ema_decay: float = 0.0
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -146,8 +147,8 @@ class DPGANHparams:
             raise ValueError("max_grad_norm must be > 0")
         if self.max_physical_batch is not None and self.max_physical_batch < 2:
             raise ValueError("max_physical_batch must be ≥ 2 (or None: the whole batch)")
-        if not 0 <= self.g_ema < 1:
-            raise ValueError("g_ema must be in [0, 1) (0: no average)")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError("ema_decay must be in [0, 1) (0: no average)")
 
 
 def _value_from_table(table: str, epsilon: float) -> float:
@@ -169,32 +170,33 @@ class DPGAN(ConditionalSampling, Method):
     # same update either way (tests/unit/test_dpgan_step.py checks both)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
     # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
-    late_hparams = {"g_ema": 0.0}
+    late_hparams = {"ema_decay": 0.0}
+    renamed_hparams = {"width": "d_width", "g_ema": "ema_decay"}  # one name per concept across methods
     presets = {
         "quick": {
             # first tuned on the test split, then confirmed on val (benchmarks/presets.md, "Earlier history")
-            "digits": dict(batch_size=64, steps=1500, n_d=1, width=32, g_width=32, latent_dim=32,
+            "digits": dict(batch_size=64, steps=1500, n_d=1, d_width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
             # narrow nets for the demo's CPU budget, n_D = 2: best of 18 on val (benchmarks/presets.md, "dpgan")
-            "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
+            "mnist-5k": dict(batch_size=64, steps=1500, n_d=2, d_width=16, g_width=16, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
             # mnist-5k's minute at N = 60,000 (benchmarks/presets.md, "Full MNIST")
-            "mnist": dict(batch_size=64, steps=1500, n_d=2, width=16, g_width=16, latent_dim=32,
+            "mnist": dict(batch_size=64, steps=1500, n_d=2, d_width=16, g_width=16, latent_dim=32,
                           lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
         },
         "long": {
             # 4× quick's T and the paper's EMA: where adaptive n_D works on digits (benchmarks/n_d.md)
-            "digits": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
+            "digits": dict(batch_size=64, steps=6000, n_d=1, d_width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.99, samples_per_class=100),
             # the quick search's levers: many G steps, width 32, G's weight average (benchmarks/presets.md, "dpgan")
-            "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, width=32, g_width=32, latent_dim=32,
-                             lr_d=1e-3, lr_g=1e-3, g_ema=0.999, samples_per_class=100),
+            "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, d_width=32, g_width=32, latent_dim=32,
+                             lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
             # the paper's networks, B = 64, T = 3,000: 0.639 on val (benchmarks/presets.md, "Full MNIST")
-            "mnist": dict(batch_size=64, steps=3000, n_d=2, width=128, g_width=128, latent_dim=128,
-                          lr_d=1e-3, lr_g=1e-3, g_ema=0.999, samples_per_class=100),
+            "mnist": dict(batch_size=64, steps=3000, n_d=2, d_width=128, g_width=128, latent_dim=128,
+                          lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
         },
         "tiny": {  # tests only: seconds
-            "*": dict(batch_size=32, steps=60, n_d=2, width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
+            "*": dict(batch_size=32, steps=60, n_d=2, d_width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
                       samples_per_class=10),
         },
         # the paper's MNIST preset cut to T = 4,000 D steps (benchmarks/README.md, "MNIST on a GPU")
@@ -216,18 +218,14 @@ class DPGAN(ConditionalSampling, Method):
     def __init__(self, hparams: DPGANHparams, info: DataInfo):
         super().__init__(hparams, info)
         h = hparams
-        self.D = ConditionalDiscriminator(info.image_shape, info.num_classes, h.width)
+        self.D = ConditionalDiscriminator(info.image_shape, info.num_classes, h.d_width)
         self.G = ConditionalGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         self.scheduler = (
             AdaptiveNd(h.adaptive_beta, h.adaptive_threshold, h.adaptive_grace) if h.n_d == "adaptive" else None
         )
-        self.G_ema = copy.deepcopy(self.G).requires_grad_(False) if h.g_ema > 0 else None
+        self.G_ema = copy.deepcopy(self.G).requires_grad_(False) if h.ema_decay > 0 else None
 
     # ------------------------------------------------------------------ privacy
-
-    @property
-    def sample_rate(self) -> float:
-        return min(1.0, self.hparams.batch_size / self.info.n_train)
 
     def noise_to_signal(self, part: PrivacyPart) -> float:
         """σ·√d_D / 2B: D's step averages B real and B fake rows (``_d_step``)."""
@@ -338,7 +336,8 @@ class DPGAN(ConditionalSampling, Method):
             logged = (g_steps + 1) % h.log_every == 0 or t + n_d > total
             fake_acc = self._fake_accuracy(dev) if (self.scheduler or logged) else None
             g_loss = self._g_step(D, opt_g, dev)
-            self._update_ema()
+            if self.G_ema is not None:
+                update_average(self.G_ema, self.G, self.hparams.ema_decay)
             g_steps += 1
             changed = self.scheduler.observe(fake_acc) if self.scheduler else False
             if changed or logged:
@@ -366,18 +365,6 @@ class DPGAN(ConditionalSampling, Method):
             "t": t, "g_steps": g_steps, "since_g": since_g,
             **({"G_ema": self.G_ema.state_dict()} if self.G_ema is not None else {}),
         })
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        """G_ema ← β·G_ema + (1 − β)·G after a G step; buffers (BatchNorm's running
-        statistics) are copied, as in EDM's and DPDM's EMA."""
-        if self.G_ema is None:
-            return
-        beta = self.hparams.g_ema
-        for pe, p in zip(self.G_ema.parameters(), self.G.parameters()):
-            pe.lerp_(p, 1 - beta)
-        for be, b in zip(self.G_ema.buffers(), self.G.buffers()):
-            be.copy_(b)
 
     @torch.no_grad()
     def _fake_accuracy(self, dev) -> float:

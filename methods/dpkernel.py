@@ -328,10 +328,6 @@ class DPKernel(ConditionalSampling, Method):
     # ------------------------------------------------------------------ privacy
 
     @property
-    def sample_rate(self) -> float:
-        return min(1.0, self.hparams.batch_size / self.info.n_train)
-
-    @property
     def sensitivity(self) -> float:
         return sensitivity(self.hparams.widths(), self.hparams.batch_size)
 

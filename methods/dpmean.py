@@ -6,13 +6,15 @@ independent Gaussian pixels around it. A method that cannot beat this at the sam
 has learned nothing about the data beyond its class means.
 
 Mechanism (add/remove adjacency, as every other method here). Pixels are mapped to
-[0, 1] (x' = (x + 1) / 2) and each image is clipped to L2 norm ``clip``. Three releases,
+[0, 1] (x' = (x + 1) / 2) and each image is clipped to L2 norm C = ``max_grad_norm`` (the
+name every method gives its clip bound: a class sum is one DP-SGD step's summed gradient of
+½‖x' − θ‖² at θ = 0, whose per-record gradient is −x'). Three releases,
 each the Gaussian mechanism on the whole training set (sample rate 1, one step):
 
-- ``class_sums``: S_c = Σ_{i in c} clip(x'_i), sensitivity ``clip`` (one record changes
-  one class's row by at most ``clip`` in L2);
+- ``class_sums``: S_c = Σ_{i in c} clip(x'_i), sensitivity C (one record changes
+  one class's row by at most C in L2);
 - ``class_counts``: n_c, sensitivity 1;
-- ``class_squares`` (with ``variance``): Q_c = Σ_{i in c} clip(x'_i)², sensitivity ``clip``
+- ``class_squares`` (with ``variance``): Q_c = Σ_{i in c} clip(x'_i)², sensitivity C
   (0 ≤ x' ≤ 1, so ‖x'²‖₂ ≤ ‖x'‖₂).
 
 Noise: the RDP of a Gaussian release at sample rate 1 is α / (2σ²), so the three compose to
@@ -42,14 +44,14 @@ SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
 
 @dataclass(frozen=True)
 class DPMeanHparams:
-    clip: float = 4.0  # L2 bound on each image in [0, 1] pixel units
+    max_grad_norm: float = 4.0  # L2 bound on each image in [0, 1] pixel units
     variance: bool = True  # also release per-pixel variances (else samples are mean + fixed noise)
     weights: str = "0.45,0.1,0.45"  # share of the privacy budget (in 1/σ²) of sums, counts, squares
     min_std: float = 0.05  # floor of the per-pixel std of samples ([0, 1] units); the std without variance
 
     def __post_init__(self):
-        if not self.clip > 0:
-            raise ValueError("clip must be > 0")
+        if not self.max_grad_norm > 0:
+            raise ValueError("max_grad_norm must be > 0")
         if not self.min_std >= 0:
             raise ValueError("min_std must be ≥ 0")
         w = self.shares()
@@ -75,10 +77,11 @@ class DPMean(Method):
     private = True
     conditional = True
     Hparams = DPMeanHparams
+    renamed_hparams = {"clip": "max_grad_norm"}  # one name per concept across methods
     is_floor = True  # the figures draw it as a band (dpgen_bench.report.figures)
     presets = {
-        # digits: clip chosen on the validation part at ε = 10 (benchmarks/presets.md)
-        "quick": {"digits": dict(clip=8.0, samples_per_class=100), "*": dict(samples_per_class=100)},
+        # digits: C chosen on the validation part at ε = 10 (benchmarks/presets.md)
+        "quick": {"digits": dict(max_grad_norm=8.0, samples_per_class=100), "*": dict(samples_per_class=100)},
         "tiny": {"*": dict(samples_per_class=10)},
     }
 
@@ -101,16 +104,16 @@ class DPMean(Method):
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, dev, gen = self.hparams, ctx.device, ctx.generator("noise")
         x = ((train.images.to(dev).flatten(1) + 1) / 2).clamp(0, 1)
-        x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))  # ‖x'ᵢ‖ ≤ clip
+        x = x * (h.max_grad_norm / x.norm(dim=1, keepdim=True).clamp(min=h.max_grad_norm))  # ‖x'ᵢ‖ ≤ C
         onehot = F.one_hot(train.labels.to(dev), self.info.num_classes).to(x.dtype)
 
         # each release counts itself in the ledger before its noise is drawn (privacy.release)
-        sums = GaussianRelease(ctx, SUMS, h.clip, gen)(onehot.T @ x)
+        sums = GaussianRelease(ctx, SUMS, h.max_grad_norm, gen)(onehot.T @ x)
         counts = GaussianRelease(ctx, COUNTS, 1.0, gen)(onehot.sum(0)).clamp(min=1.0)[:, None]
         mean = (sums / counts).clamp(0, 1)
         std = torch.full_like(mean, h.min_std)
         if h.variance:
-            squares = GaussianRelease(ctx, SQUARES, h.clip, gen)(onehot.T @ (x * x))
+            squares = GaussianRelease(ctx, SQUARES, h.max_grad_norm, gen)(onehot.T @ (x * x))
             std = (squares / counts - mean ** 2).clamp(min=h.min_std ** 2).sqrt()
         shape = (self.info.num_classes, *self.info.image_shape)
         self.mean, self.std = mean.view(shape).cpu(), std.view(shape).cpu()

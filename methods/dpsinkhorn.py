@@ -286,10 +286,6 @@ class DPSinkhorn(ConditionalSampling, Method):
 
     # ------------------------------------------------------------------ privacy
 
-    @property
-    def sample_rate(self) -> float:
-        return min(1.0, self.hparams.batch_size / self.info.n_train)
-
     def plan(self, budget: Budget) -> list[PrivacyPart]:
         h, q = self.hparams, self.sample_rate
         sigma, steps = steps_and_noise(method=self.name, epsilon=budget.epsilon, delta=budget.delta, sample_rate=q,

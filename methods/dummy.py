@@ -1,9 +1,9 @@
 """The smallest complete method: per-class mean images released by the Gaussian mechanism.
 
 The example of README's "Adding a method" (and a fast method for tests, hidden from
-``bench list``). Each row is an image clipped to L2 norm clip/√2 followed by the constant
-clip/√2 (so ‖row‖ ≤ clip); one release is every class's row sum plus N(0, (σ·clip)²):
-adding or removing one image moves it by at most ``clip`` in L2, so σ is the noise
+``bench list``). Each row is an image clipped to L2 norm C/√2 followed by the constant
+C/√2 (so ‖row‖ ≤ C, C = ``max_grad_norm``); one release is every class's row sum plus
+N(0, (σ·C)²): adding or removing one image moves it by at most C in L2, so σ is the noise
 multiplier the accountant expects, and the last coordinate is a noisy class count.
 ``steps`` releases compose; samples are the last release's mean plus N(0, 0.1²) noise.
 ``overspend`` takes steps beyond the plan: the runner must refuse such a run.
@@ -24,7 +24,7 @@ PART = "class_sums"
 @dataclass(frozen=True)
 class DummyHparams:
     steps: int = 5  # releases of the class sums
-    clip: float = 1.0  # L2 bound per image
+    max_grad_norm: float = 1.0  # L2 bound per image
     overspend: int = 0  # tests: private steps beyond the plan
 
 
@@ -33,6 +33,7 @@ class Dummy(Method):
 
     name = "dummy"
     Hparams = DummyHparams
+    renamed_hparams = {"clip": "max_grad_norm"}  # old records and --set still load (api.Method)
     presets = {"tiny": {"*": {"samples_per_class": 5}}}
 
     def __init__(self, hparams: DummyHparams, info: DataInfo):
@@ -47,14 +48,14 @@ class Dummy(Method):
     def fit(self, train: Split, budget: Budget, ctx: RunContext) -> None:
         h, noise = self.hparams, ctx.generator("noise")
         sigma = ctx.part(PART).noise_multiplier
-        c = h.clip / 2 ** 0.5
+        c = h.max_grad_norm / 2 ** 0.5
         x = train.images.flatten(1).to(ctx.device)
         x = torch.cat([x * (c / x.norm(dim=1, keepdim=True).clamp(min=c)), torch.full((len(x), 1), c, device=x.device)], 1)
         onehot = torch.nn.functional.one_hot(train.labels.to(ctx.device), self.info.num_classes).float()
         for step in range(h.steps + h.overspend):
             ctx.spend(PART)  # counted before the release is used
             noise_ = torch.randn(len(onehot.T), x.shape[1], generator=noise, device=x.device)
-            sums = onehot.T @ x + sigma * h.clip * noise_
+            sums = onehot.T @ x + sigma * h.max_grad_norm * noise_
             counts = (sums[:, -1:] / c).clamp(min=1)  # the noisy class sizes
             self.means = (sums[:, :-1] / counts).view(-1, *self.info.image_shape).cpu()
             ctx.record(step=step + 1)

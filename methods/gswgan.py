@@ -142,6 +142,7 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
+from dpgen_bench.nets.averaging import update_average
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
@@ -177,7 +178,7 @@ class GSWGANHparams:
     beta1_g: float | None = None  # the generator's Adam β₁ (default: beta1)
     gp_weight: float = 10.0  # λ of WGAN-GP
     drift_weight: float = 0.001  # GS-WGAN's L_epsilon
-    ema: float = 0.999  # EMA of G for sampling (netGS); 0: none
+    ema_decay: float = 0.999  # EMA of G for sampling (netGS); 0: none
     privacy_mode: Literal["sound", "paper"] = "sound"  # "paper": GS-WGAN's own accounting (module docstring)
     log_every: int = 100  # generator steps between train.jsonl lines
 
@@ -194,8 +195,8 @@ class GSWGANHparams:
             raise ValueError("noise_multiplier must be > 0")
         if self.max_grad_norm <= 0:
             raise ValueError("max_grad_norm must be > 0")
-        if not 0 <= self.ema < 1:
-            raise ValueError("ema must be in [0, 1)")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError("ema_decay must be in [0, 1)")
         if self.privacy_mode not in ("sound", "paper"):
             raise ValueError("privacy_mode must be 'sound' or 'paper'")
 
@@ -206,7 +207,7 @@ class GSWGANHparams:
 # the quick preset on digits (see GSWGAN.presets for how it was chosen); mnist-5k shortens it
 _QUICK_DIGITS = dict(num_discriminators=50, batch_size=32, n_d=1, steps=700, pretrain_steps=3, latent_dim=16,
                      g_width=16, d_width=8, embed_dim=8, g_spectral_norm=False, d_spectral_norm=False, lr_d=1e-3,
-                     lr_g=2e-4, beta1_g=0.9, ema=0.995, log_every=50, samples_per_class=100)
+                     lr_g=2e-4, beta1_g=0.9, ema_decay=0.995, log_every=50, samples_per_class=100)
 
 
 class GSWGAN(ConditionalSampling, Method):
@@ -216,6 +217,7 @@ class GSWGAN(ConditionalSampling, Method):
     private = True
     conditional = True
     Hparams = GSWGANHparams
+    renamed_hparams = {"ema": "ema_decay"}  # one name per concept across methods
     presets = {
         "quick": {
             # D learns in a few dozen steps, G averages its noisy gradient; all at chance on val (benchmarks/presets.md)
@@ -230,7 +232,7 @@ class GSWGAN(ConditionalSampling, Method):
         },
         "tiny": {  # tests only: seconds
             "*": dict(num_discriminators=4, batch_size=16, n_d=1, steps=30, pretrain_steps=3, latent_dim=8,
-                      g_width=8, d_width=4, embed_dim=4, g_spectral_norm=False, d_spectral_norm=False, ema=0.9,
+                      g_width=8, d_width=4, embed_dim=4, g_spectral_norm=False, d_spectral_norm=False, ema_decay=0.9,
                       log_every=5, samples_per_class=10),
         },
         "paper": {
@@ -249,7 +251,7 @@ class GSWGAN(ConditionalSampling, Method):
         h = hparams
         self.G = ConditionalResNetGenerator(info.image_shape, info.num_classes, h.g_width, h.latent_dim,
                                             h.embed_dim, h.g_spectral_norm)
-        self.G_ema = copy.deepcopy(self.G) if h.ema > 0 else None
+        self.G_ema = copy.deepcopy(self.G) if h.ema_decay > 0 else None
         self.discriminators: list[nn.Module] = []  # built in fit, discarded after it
 
     # ------------------------------------------------------------------ privacy
@@ -482,7 +484,8 @@ class GSWGAN(ConditionalSampling, Method):
             if sanitizer.calls != calls + 1:  # the sanitiser counted its release on the ledger (on_release)
                 raise AssertionError("the generator's gradient was not sanitised exactly once")
             opt_g.step()
-            self._update_ema(t)
+            if self.G_ema is not None:  # netGS of GS-WGAN (ops.exp_mov_avg): decay min(1 − 1/(t+1), β)
+                update_average(self.G_ema, self.G, min(1 - 1 / (t + 1), self.hparams.ema_decay))
             bar.update(1)
 
             seen += 1
@@ -528,22 +531,11 @@ class GSWGAN(ConditionalSampling, Method):
     def _load_extra_state(self, state: dict) -> None:
         return None
 
-    @torch.no_grad()
-    def _update_ema(self, t: int) -> None:
-        """netGS of GS-WGAN (ops.exp_mov_avg): decay min(1 − 1/(t+1), ema); buffers copied."""
-        if self.G_ema is None:
-            return
-        a = min(1 - 1 / (t + 1), self.hparams.ema)
-        for pe, p in zip(self.G_ema.parameters(), self.G.parameters()):
-            pe.mul_(a).add_(p.detach(), alpha=1 - a)
-        for be, b in zip(self.G_ema.buffers(), self.G.buffers()):
-            be.copy_(b)
-
     # ----------------------------------------------------------------- sampling
 
     @property
     def generator(self) -> nn.Module:
-        """The released generator: the EMA one when ``ema > 0``."""
+        """The released generator: the EMA one when ``ema_decay > 0``."""
         return self.G_ema if self.G_ema is not None else self.G
 
     def sampling_generator(self) -> nn.Module:

@@ -41,7 +41,7 @@ LayerConfig = Literal["C2-C2-C1", "C2-C1-×", "C3-C1-×", "C2-C1-x", "C3-C1-x"]
 class DPAFHparams:
     # Architecture (§6.1 canonical implementation; App. A.10). Defaults: CelebA's.
     layer_config: LayerConfig = "C2-C2-C1"
-    width: int = 64  # d: channels of D's (and C's) first convolution; doubled per layer
+    d_width: int = 64  # d: channels of D's (and C's) first convolution; doubled per layer
     g_width: int = 64  # G's channels mirror D's with this base width
     latent_dim: int = 100  # z, §6.1
     label_dim: int = 16  # size of the label embeddings of D and G (ours)
@@ -101,7 +101,7 @@ class DPAFHparams:
             raise ValueError("image_size must be ≥ 4")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError("torch_threads must be ≥ 1")
-        if min(self.width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
+        if min(self.d_width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
             raise ValueError("widths, dimensions and log_every must be ≥ 1")
         parse_split(self.budget_split)
 
@@ -112,7 +112,7 @@ class DPAFHparams:
 
 # the quick preset on digits (see DPAF.presets for how it was chosen); mnist-5k reuses it
 _QUICK_DIGITS = dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8, n_critic=1,
-                     width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100, budget_split="10%,40%,50%",
+                     d_width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100, budget_split="10%,40%,50%",
                      torch_threads=1, samples_per_class=100)
 
 
@@ -125,6 +125,7 @@ class DPAF(Method):
     Hparams = DPAFHparams
     # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
+    renamed_hparams = {"width": "d_width"}  # one name per concept across methods
     presets = {
         "quick": {
             # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
@@ -135,25 +136,25 @@ class DPAF(Method):
         },
         "tiny": {  # tests only: seconds
             "*": dict(layer_config="C2-C1-×", batch_size=16, batches=40, classifier_batches=10, mu=4, n_critic=2,
-                      width=4, g_width=4, label_dim=4, fc_width=8, latent_dim=8, log_every=10, torch_threads=1,
+                      d_width=4, g_width=4, label_dim=4, fc_width=8, latent_dim=8, log_every=10, torch_threads=1,
                       samples_per_class=10),
         },
         "paper": {
             # §6.1 "Canonical Implementation"; 𝔹, d and n_critic are ours (docs/provenance.md, "dpaf")
             "mnist": dict(layer_config="C2-C1-×", batch_size=24, latent_dim=100, mu=8, gc=True, gc_keep=0.9,
-                          budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64, n_critic=1,
+                          budget_split="0.1,x,0.1", batches=20_000, d_width=64, g_width=64, n_critic=1,
                           samples_per_class=6_000),
             "fashion-mnist": dict(layer_config="C2-C1-×", batch_size=24, latent_dim=100, mu=8, gc=True,
-                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, d_width=64, g_width=64,
                                   n_critic=1, samples_per_class=6_000),
             "celeba-gender": dict(layer_config="C2-C2-C1", batch_size=64, latent_dim=100, mu=8, gc=True,
-                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                  gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, d_width=64, g_width=64,
                                   n_critic=1, samples_per_class=30_000),
             "celeba-hair": dict(layer_config="C2-C2-C1", batch_size=64, latent_dim=100, mu=8, gc=True,
-                                gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64,
+                                gc_keep=0.9, budget_split="0.1,x,0.1", batches=20_000, d_width=64, g_width=64,
                                 n_critic=1, samples_per_class=20_000),
             "ffhq-gender": dict(layer_config="C3-C1-×", batch_size=64, latent_dim=100, mu=8, gc=True, gc_keep=0.9,
-                                budget_split="0.1,x,0.1", batches=20_000, width=64, g_width=64, n_critic=1,
+                                budget_split="0.1,x,0.1", batches=20_000, d_width=64, g_width=64, n_critic=1,
                                 samples_per_class=30_000),
         },
     }
@@ -166,7 +167,7 @@ class DPAF(Method):
         size = hparams.image_size or h
         self.train_shape = (c, size, size)
         try:
-            self.layout = make_layout(self.train_shape, hparams.layer_config, hparams.width)
+            self.layout = make_layout(self.train_shape, hparams.layer_config, hparams.d_width)
             check_layout(self.layout)
         except ValueError as e:
             raise UserError(f"dpaf: {e}; use layer_config=C2-C1-× or a larger --set image_size=N") from None

@@ -29,7 +29,7 @@ from dpgen_bench.privacy.release import GaussianRelease
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
 
 CASES = {  # method: (settings, the planted noise scale that must be caught)
-    "dpgan": (["--set", "steps=300", "--set", "batch_size=256", "--set", "width=16"], 0.25),
+    "dpgan": (["--set", "steps=300", "--set", "batch_size=256", "--set", "d_width=16"], 0.25),
     "dpsinkhorn": (["--set", "steps=300"], 0.2),  # σ/4: bound 0.94 (curve rejected) with the keyed streams
     "gswgan": (["--set", "steps=300"], 0.05),
     "dpmean": ([], 0.2),  # three parts share ε = 1: each alone is far below it
@@ -84,7 +84,7 @@ def test_white_box_audit_of_one_shot_releases(tmp_path, method):
 # the same path (Opacus' DPSGD noise, the D's canaries, the violation exit) with a tenth of the
 # noise over 100 steps (~15 CPU-s): bound 1.74 / 1.73 for seeds 0 / 1 against ε = 1 (with σ/4
 # at 150 steps it was 1.08 / 1.26: too close to ε to be a test).
-FAST_TWINS = {"dpgan-fast": (["--set", "steps=100", "--set", "batch_size=256", "--set", "width=16"], 0.1)}
+FAST_TWINS = {"dpgan-fast": (["--set", "steps=100", "--set", "batch_size=256", "--set", "d_width=16"], 0.1)}
 
 
 @pytest.mark.parametrize("method", ["dpsinkhorn", "gswgan", pytest.param("dpgan", marks=pytest.mark.slow),

@@ -30,7 +30,7 @@ CASES = {
     # dpgan itself is in test_resume.py; here with the generator's average, which the
     # checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
     # kill (with β = 0.9 a plant that drops the restore passed: 0.9^100 forgets it)
-    "dpgan-ema": ("dpgan", ["steps=120", "g_ema=0.99"], "discriminator", 15),
+    "dpgan-ema": ("dpgan", ["steps=120", "ema_decay=0.99"], "discriminator", 15),
 }
 
 

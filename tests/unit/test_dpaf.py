@@ -359,7 +359,7 @@ def test_each_part_gets_its_share():
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0, 5.0, 10.0])
 def test_composed_epsilon_never_exceeds_the_target(config, eps):
     info = DataInfo("faces", (3, 64, 64), 2, 20_000)
-    h = DPAFHparams(layer_config=config, batch_size=64, batches=2000, mu=8, budget_split="0.1,x,0.1", width=8,
+    h = DPAFHparams(layer_config=config, batch_size=64, batches=2000, mu=8, budget_split="0.1,x,0.1", d_width=8,
                     g_width=8)
     parts = DPAF(h, info).plan(Budget(eps))
     assert [p.name for p in parts] == ["conv1", "conv2", "dpagg"]
@@ -487,7 +487,7 @@ def test_paper_preset_settings_follow_section_6_1():
                and v["gc_keep"] == 0.9 for v in p.values())
     for name, shape in [("mnist", (1, 28, 28)), ("celeba-gender", (3, 64, 64)), ("ffhq-gender", (3, 128, 128))]:
         settings = {k: v for k, v in p[name].items() if k != "samples_per_class"}
-        DPAF(DPAFHparams(**{**settings, "width": 4, "g_width": 4}), DataInfo(name, shape, 2, 60_000))
+        DPAF(DPAFHparams(**{**settings, "d_width": 4, "g_width": 4}), DataInfo(name, shape, 2, 60_000))
 
 
 def test_dp_parts_are_opacus_compatible_and_fake_rows_share_the_batch():

@@ -81,7 +81,7 @@ def test_generator_step_leaves_discriminator_gradients_alone():
     from methods.dpgan import DPGAN, DPGANHparams
     from dpgen_bench.api import DataInfo
 
-    m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
+    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
     opt_d = torch.optim.Adam(m.D.parameters())
     gsm, _ = make_private(m.D, opt_d, ctx=PartContext(1.0), part="d", max_grad_norm=1.0, expected_batch_size=16)
     opt_g = torch.optim.Adam(m.G.parameters())
@@ -152,7 +152,7 @@ def test_d_step_in_physical_chunks_is_the_same_update(method, mode, cap):
 
     def one_step(max_physical_batch):
         torch.manual_seed(0)
-        m = cls(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8, max_physical_batch=max_physical_batch),
+        m = cls(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8, max_physical_batch=max_physical_batch),
                 DataInfo("t", SHAPE, 10, 100))
         opt = torch.optim.SGD(m.D.parameters(), lr=1.0)
         D = m.D
@@ -169,7 +169,7 @@ def test_d_step_in_physical_chunks_is_the_same_update(method, mode, cap):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # and the step did move D (by the noisy clipped mean, not by nothing)
     torch.manual_seed(0)
-    fresh = cls(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
+    fresh = cls(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8), DataInfo("t", SHAPE, 10, 100))
     assert any(not torch.equal(a, p) for a, p in zip(chunked, fresh.D.parameters()))
 
 
@@ -189,7 +189,7 @@ def test_threshold_by_epsilon_reaches_the_scheduler(eps, threshold):
 
     from methods.dpgan import DPGAN, DPGANHparams
 
-    h = DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8, steps=4, n_d="adaptive",
+    h = DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8, steps=4, n_d="adaptive",
                      threshold_by_epsilon="1:0.7,10:0.6")
     m = DPGAN(h, DataInfo("t", SHAPE, 10, 100))
     budget = Budget(eps)
@@ -198,7 +198,7 @@ def test_threshold_by_epsilon_reaches_the_scheduler(eps, threshold):
     assert m.scheduler.threshold == threshold
 
 
-def _ema_gan(g_ema: float, steps: int = 6):
+def _ema_gan(ema_decay: float, steps: int = 6):
     from dpgen_bench.api import Budget, DataInfo, Split
     from dpgen_bench.privacy import PrivacyLedger
     from fake_context import FakeContext
@@ -206,14 +206,14 @@ def _ema_gan(g_ema: float, steps: int = 6):
 
     g = torch.Generator().manual_seed(0)
     train = Split(torch.rand(64, *SHAPE, generator=g) * 2 - 1, torch.randint(0, 10, (64,), generator=g))
-    m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8, batch_size=8, steps=steps, g_ema=g_ema),
+    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8, steps=steps, ema_decay=ema_decay),
               DataInfo("t", SHAPE, 10, 64))
     budget = Budget(10.0)
     return m, train, budget, FakeContext(PrivacyLedger(budget, m.plan(budget)), seed=0)
 
 
 def test_generator_average_is_the_exponential_moving_average_of_the_iterates(monkeypatch):
-    """g_ema = β: after each G step G_ema ← β·G_ema + (1 − β)·G, buffers copied; the
+    """ema_decay = β: after each G step G_ema ← β·G_ema + (1 − β)·G, buffers copied; the
     released G is the average. Checked against the formula over the iterates a spy records."""
     from methods.dpgan import DPGAN
 
@@ -247,5 +247,5 @@ def test_without_average_the_released_generator_is_the_last_iterate():
     assert m.G_ema is None
     m.fit(train, budget, ctx)
     assert ctx.ledger.taken == {"discriminator": 6}
-    with pytest.raises(ValueError, match="g_ema"):
+    with pytest.raises(ValueError, match="ema_decay"):
         _ema_gan(1.0)

@@ -53,10 +53,10 @@ def test_each_release_has_the_calibrated_std_and_every_release_is_counted():
     # with variance=False, min_std = 0: mean·n̂ = S + noise; compare the empirical std of the
     # released sums over seeds with σ_sums·clip (the noisy count is recovered from the record);
     # clip ≠ 1, so that a std that forgot the clip (or squared it) is visible
-    h = DPMeanHparams(clip=0.7, variance=False, min_std=0.0)
+    h = DPMeanHparams(max_grad_norm=0.7, variance=False, min_std=0.0)
     train = _train()
     x = ((train.images.flatten(1) + 1) / 2).clamp(0, 1)
-    x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))
+    x = x * (h.max_grad_norm / x.norm(dim=1, keepdim=True).clamp(min=h.max_grad_norm))
     true_sum = x[train.labels == 0].sum(0)
     sums, counts = [], []
     for seed in range(400):
@@ -67,16 +67,16 @@ def test_each_release_has_the_calibrated_std_and_every_release_is_counted():
         assert ctx.ledger.taken == {SUMS: 1, COUNTS: 1}
     parts = {p.name: p for p in DPMean(h, INFO).plan(Budget(50.0))}
     released = torch.stack(sums) - true_sum
-    assert released.std().item() == pytest.approx(parts[SUMS].noise_multiplier * h.clip, rel=0.1)
+    assert released.std().item() == pytest.approx(parts[SUMS].noise_multiplier * h.max_grad_norm, rel=0.1)
     assert torch.tensor(counts).std().item() == pytest.approx(parts[COUNTS].noise_multiplier, rel=0.15)
     assert released.mean().abs().item() < 0.1 * parts[SUMS].noise_multiplier
 
 
 def test_clipping_bounds_both_sensitivities():
-    h = DPMeanHparams(clip=0.7)
+    h = DPMeanHparams(max_grad_norm=0.7)
     x = ((torch.rand(50, 16) * 2 - 1 + 1) / 2)
-    x = x * (h.clip / x.norm(dim=1, keepdim=True).clamp(min=h.clip))
-    assert (x.norm(dim=1) <= h.clip + 1e-6).all() and ((x * x).norm(dim=1) <= h.clip + 1e-6).all()
+    x = x * (h.max_grad_norm / x.norm(dim=1, keepdim=True).clamp(min=h.max_grad_norm))
+    assert (x.norm(dim=1) <= h.max_grad_norm + 1e-6).all() and ((x * x).norm(dim=1) <= h.max_grad_norm + 1e-6).all()
 
 
 def test_samples_are_images_of_the_requested_classes():
@@ -87,7 +87,7 @@ def test_samples_are_images_of_the_requested_classes():
 
 
 def test_invalid_settings_are_refused():
-    for bad in (dict(clip=0), dict(weights="1,0,1"), dict(weights="a,b,c"), dict(min_std=-1)):
+    for bad in (dict(max_grad_norm=0), dict(weights="1,0,1"), dict(weights="a,b,c"), dict(min_std=-1)):
         with pytest.raises(ValueError):
             DPMeanHparams(**bad)
     assert math.isclose(sum(DPMeanHparams(weights="2,1,1").shares()), 1.0)

@@ -25,7 +25,7 @@ from methods.gswgan import GSWGAN, GSWGANHparams
 SHAPE = (1, 16, 16)
 INFO = DataInfo("digits", SHAPE, 10, 1437)
 TINY = dict(num_discriminators=3, batch_size=8, n_d=1, steps=6, pretrain_steps=1, latent_dim=8, g_width=8,
-            d_width=4, embed_dim=4, ema=0.9, log_every=2)
+            d_width=4, embed_dim=4, ema_decay=0.9, log_every=2)
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ class Memoriser(DPGAN):
     """A 'generator' that outputs its training images (perfect memorisation) or noise."""
 
     def __init__(self, info, images=None):
-        super().__init__(DPGANHparams(width=8, g_width=8, latent_dim=8), info)
+        super().__init__(DPGANHparams(d_width=8, g_width=8, latent_dim=8), info)
         self.images = images
 
     def sample(self, n, labels, rng):
@@ -65,7 +65,7 @@ def test_full_black_box_is_chance_for_a_data_independent_generator(member_data):
 @pytest.mark.parametrize("name", ["mia_auc_partial_black_box", "mia_auc_white_box"])
 def test_latent_attacks_run_and_reconstruct(member_data, name):
     info = DataInfo("digits", member_data.image_shape, 10, len(member_data.train))
-    m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8), info)
+    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8), info)
     out = _run(member_data, m, name, mia_restarts=2, mia_steps=5)
     assert 0 <= out["metrics"][name] <= 1
     assert out["protocol"]["n_members"] == out["protocol"]["n_nonmembers"] == 32
@@ -75,7 +75,7 @@ def test_white_box_lowers_the_distance_and_leaves_weights_alone(member_data):
     from dpgen_bench.attacks import _best_start, white_box_distance
 
     info = DataInfo("digits", member_data.image_shape, 10, len(member_data.train))
-    m = DPGAN(DPGANHparams(width=8, g_width=8, latent_dim=8), info)
+    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8), info)
     before = [p.detach().clone() for p in m.G.parameters()]
     x, y = member_data.train.images[:8], member_data.train.labels[:8]
     z0 = _best_start(m, x, y, 2, torch.Generator().manual_seed(0), 0.001)

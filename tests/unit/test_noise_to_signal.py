@@ -45,7 +45,7 @@ def test_dpgan_is_sigma_root_d_over_its_two_b_rows():
 
 def test_the_ratio_follows_the_batch_and_the_width():
     small, wide, big_batch = (_prepared("dpgan", steps=60, **kw).ledger.planned["discriminator"]
-                              for kw in ({}, {"width": 16}, {"batch_size": 64}))
+                              for kw in ({}, {"d_width": 16}, {"batch_size": 64}))
     # at a fixed σ the ratio is σ√d/2B: more parameters raise it, a larger batch lowers it
     per_sigma = [p.noise_to_signal / p.noise_multiplier for p in (small, wide, big_batch)]
     assert per_sigma[1] > per_sigma[0] > per_sigma[2]
