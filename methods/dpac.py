@@ -64,6 +64,10 @@ Departures from the paper (besides GS-WGAN's, listed in ``methods.gswgan``):
 - ``privacy_mode=paper`` (inherited from GS-WGAN) reproduces GS-WGAN's own accounting,
   which DP-GAN-DPAC adopts (§5.1: σ = 1.07, K = 1000, 20,000 iterations); its ε is not a
   DP guarantee and is recorded with a caveat (see ``methods.gswgan``).
+
+On full MNIST the quick preset stays below 0.5 even without noise (0.455; with noise at
+ε = 10 and 100 at chance): gswgan's docstring says why
+(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
 """
 
 from __future__ import annotations

@@ -87,6 +87,10 @@ mnist-5k, CPU): the central images from the whole split (rate 1), five queries, 
 to 30 % of ε (``central_share``), 600 warm-up steps. On digits at ε = 10 the warm start, not
 DP-SGD, carries the result; at ε = 1 the central images are noise, and on mnist-5k the
 demo-sized network limits it (benchmarks/presets.md, "dpdm with DP-FETA's warm start").
+
+On full MNIST the quick preset (150 steps of a nf-8 U-Net) is at chance with and without
+noise (0.185 noise off): a minute is too little compute there; a `long` preset is not chosen
+yet (benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
 """
 
 from __future__ import annotations

@@ -78,6 +78,10 @@ Departures from the authors' code:
   theirs: torchvision's train partition resized to 32×32 without a crop).
 - ``quick`` (digits, CPU) uses B = 10, 6,000 steps and Adam 5e-4; chosen on the validation
   part (benchmarks/presets.md).
+
+On full MNIST the quick preset is at chance with and without noise (0.102): the minute binds
+there before the noise, whose norm is 58 times the clipped signal per step
+(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
 """
 
 from __future__ import annotations

@@ -127,6 +127,11 @@ measured apart:
   accounting of that very setting 2·0.508 = 1.02. A smaller q needs a larger K, and so
   more records per discriminator and K pretrainings: at N = 4,000 on a CPU that is out of
   reach, and at ε ≤ 10 the sound mechanism stays far noisier than the paper's.
+
+On full MNIST (N = 60,000) the ratio does not move (567 at any N: the rate is 1/K), and the
+quick preset stays at chance even without noise (0.254; DPAC's 0.455): there the minute binds
+first, the noise after it
+(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
 """
 
 from __future__ import annotations

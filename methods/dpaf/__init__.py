@@ -150,6 +150,12 @@ benchmarks/presets.md, "DPAF's collapse, located" and "DPAF's discriminator sett
 On digits the ``quick`` preset departs from the canonical split (see its comment and
 benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves
 DPAGG's aggregates mostly noise.
+
+On full MNIST the quick pipeline learns without noise (0.725) and stays at chance at ε = 10
+and 100: at B = 24 conv1's and DPAGG's noise is 4.9 and 3.3 times the clipped signal per step
+(2.1 and 1.6 at ε = 100); B = 200 brings every part below 1 and reaches 0.35 on val, not yet a
+`long` preset
+(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
 """
 
 from .core import DPAF, DPAFHparams
