@@ -410,7 +410,7 @@ def test_make_demo_digits_is_one_command_away():
     assert "--method" in sweep and sweep[sweep.index("--method") + 1] == "all"
 
 
-def _mnist_slice(monkeypatch, n_train: int = 2000, n_test: int = 500) -> None:
+def _mnist_slice(monkeypatch, n_train: int = 1000, n_test: int = 300) -> None:
     """`mnist` as the first ``n_train`` / ``n_test`` images of the real thing (a test's budget)."""
     from dpgen_bench import registry
     from dpgen_bench.api import ImageData, Split
