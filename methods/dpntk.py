@@ -66,9 +66,10 @@ Departures from the authors' code (``Justinyangjy/DP-NTK``, ``MNIST/``; DPImageB
 - The ``quick`` presets narrow f to widths 50-100 (D ≈ 27k-80k) so that one CPU core embeds
   60,000 images in seconds; everything else is the method as above. On mnist at ε = 10 the
   quick preset gives 0.799 ± 0.009 over 3 test seeds (CLAIMS.md, block mnist), a hair under
-  the 0.8 aimed at. The release's noise to signal is 0.019 (``bench privacy``), so the noise
-  is unlikely to be the limit; the narrow network's embedding and the minute's generator
-  steps are the suspects (not measured apart: a ``--noise-off`` run would tell).
+  the 0.8 aimed at. Not the noise: its release's noise to signal is 0.019 (``bench
+  privacy``), and with ``--noise-off`` the same pipeline gives 0.807 on the validation part
+  against 0.812 with the noise (seed 0). The narrow network's embedding and the minute's
+  generator steps are what is left (docs/methods.md, "dpntk", has the settings tried).
 """
 
 from __future__ import annotations
