@@ -535,9 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         arms = {(d, c["id"]): build_arms(spec, c, d) for d in datasets for c in claims if d in claim_datasets(spec, c)}
         seconds = None
         required = store.resolve_commit(args.require_commit) if args.require_commit else None
+        also = committed_roots(spec)
         if args.run:
             cells = {cell.run_name: cell for by_name in arms.values() for a in by_name.values() for cell in a.cells
-                     if record_dir(cell, root, committed_roots(spec)).parent == root}  # committed ones: done
+                     if record_dir(cell, root, also).parent == root}  # committed ones: done
             t = time.time()
             counts = run_sweep(list(cells.values()), root, jobs=args.jobs, require_commit=required)
             seconds = time.time() - t
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         for by_name in arms.values():
             for a in by_name.values():
-                read_arm(a, root, required, committed_roots(spec))
+                read_arm(a, root, required, also)
         stale = sum(a.stale for by_name in arms.values() for a in by_name.values())
         if stale:
             print(f"claims: {stale} records made without {args.require_commit} left out (--run runs them again)",

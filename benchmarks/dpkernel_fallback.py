@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,8 @@ from torch import Tensor
 from dpgen_bench import runner
 from dpgen_bench.config import build_config
 from dpgen_bench.privacy.dpsgd import poisson_batch
-from methods.dpkernel import PART, dpimagebench_gram, dpimagebench_noise, joint_covariance, psd_factor
+from methods.dpkernel import (PART, dpimagebench_coeff, dpimagebench_gram, dpimagebench_noise, joint_covariance,
+                              psd_factor)
 
 BANDWIDTH_SETS = ("1", "2", "4", "8", "16", "8,16", "1,2,4,8,16")  # 8,16: the quick presets'
 PRESETS = ("quick", "paper")
@@ -66,11 +66,6 @@ def step_kernel(x: Tensor, lx: Tensor, y: Tensor, ly: Tensor, bandwidths, num_cl
     zs = torch.cat([x.flatten(1), y.flatten(1)]).to(dtype)
     onehot = F.one_hot(torch.cat([lx, ly]), num_classes).to(dtype)
     return dpimagebench_gram(zs, onehot, bandwidths)
-
-
-def step_coeff(bandwidths, batch: int, sigma: float) -> float:
-    """The dpimagebench step's covariance scale: √(2m)/|S|·σ (replace-one, the realised batch)."""
-    return math.sqrt(2 * len(bandwidths)) / batch * sigma
 
 
 def noise_outcome(k: Tensor, coeff: float, generator: torch.Generator) -> dict:
@@ -101,7 +96,7 @@ def trial(x: Tensor, lx: Tensor, y: Tensor, ly: Tensor, bandwidths, num_classes:
           generator: torch.Generator, dtypes=(torch.float32, torch.float64)) -> dict:
     """One batch, one bandwidth set: the dpimagebench draw over X ∪ Y and over K_XX alone in
     each of ``dtypes``. Keys ``"<f32|f64>_xy"`` and ``"<f32|f64>_xx"``, each ``noise_outcome``."""
-    coeff = step_coeff(bandwidths, len(x), sigma)
+    coeff = dpimagebench_coeff(bandwidths, len(x), sigma)
     out = {}
     for dt in dtypes:
         tag = {torch.float32: "f32", torch.float64: "f64"}[dt]

@@ -283,6 +283,12 @@ def dpimagebench_gram(z: Tensor, onehot: Tensor, bandwidths) -> Tensor:
     return k * (onehot @ onehot.T)
 
 
+def dpimagebench_coeff(bandwidths, batch: int, sigma: float) -> float:
+    """Their covariance scale: √(2m)/|S|·σ for m bandwidths (replace-one sensitivity, divided by
+    the realised batch |S|)."""
+    return math.sqrt(2 * len(bandwidths)) / batch * sigma
+
+
 def dpimagebench_noise(k: Tensor, coeff: float, generator: torch.Generator) -> tuple[Tensor, bool]:
     """N(0, K·coeff) as DPImageBench draws it (``MultivariateNormal`` on float32, its standard
     normals from ``generator``), or zeros when the distribution refuses K·coeff (their bare
@@ -398,8 +404,7 @@ class DPKernel(ConditionalSampling, Method):
         kk = dpimagebench_gram(zs, onehot, w)
         f = kk[:nb].mean(0)  # f_S at X ∪ Y, divided by the realised batch
         ctx.spend(PART)  # counted before the noise exists
-        coeff = math.sqrt(2 * len(w)) / nb * sigma
-        eps, dropped = dpimagebench_noise(kk, coeff, noise)
+        eps, dropped = dpimagebench_noise(kk, dpimagebench_coeff(w, nb, sigma), noise)
         ft = f + eps
         mmd = ft[:nb].mean() - 2 * ft[nb:].mean() + kk[nb:, nb:].mean()
         loss = mmd.pow(2)

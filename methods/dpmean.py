@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.privacy import release_noise_to_signal
-from dpgen_bench.privacy.accounting import gaussian_releases
+from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
 
 SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
@@ -60,14 +60,7 @@ class DPMeanHparams:
                              "counts (and squares with variance) > 0")
 
     def shares(self) -> tuple[float, ...]:
-        try:
-            w = [float(x) for x in self.weights.split(",")]
-        except ValueError:
-            raise ValueError(f"weights must be three numbers, got {self.weights!r}") from None
-        if len(w) == 3 and not self.variance:
-            w[2] = 0.0
-        total = sum(w)
-        return tuple(x / total for x in w) if total > 0 else tuple(w)
+        return release_shares(self.weights, "three numbers", unused=None if self.variance else 2)
 
 
 class DPMean(Method):

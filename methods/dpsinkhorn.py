@@ -394,9 +394,6 @@ class DPSinkhorn(ConditionalSampling, Method):
                 ctx.checkpoint({"t": t, "G": self.G.state_dict(), "opt": opt.state_dict()})
         bar.close()
 
-    # ----------------------------------------------------------------- sampling
-
-
     def state_dict(self) -> dict:
         return {"G": self.G.state_dict()}
 

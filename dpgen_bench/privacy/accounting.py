@@ -482,13 +482,17 @@ def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: f
     raise UserError(f"'{method}' needs either steps or noise_multiplier set (--set steps=N)")
 
 
-def release_shares(weights: str, what: str = "two numbers") -> tuple[float, ...]:
+def release_shares(weights: str, what: str = "two numbers", unused: int | None = None) -> tuple[float, ...]:
     """A setting "w1,w2,…" of release weights as shares summing to 1 (as given when they sum
-    to 0: the caller refuses them); an unparsable one is a ValueError that names ``what``."""
+    to 0: the caller refuses them); an unparsable one is a ValueError that names ``what``.
+    ``unused``: the index of a release the run does not make (its weight 0 before the sum),
+    when the setting has it."""
     try:
         w = [float(x) for x in weights.split(",")]
     except ValueError:
         raise ValueError(f"weights must be {what}, got {weights!r}") from None
+    if unused is not None and unused < len(w):
+        w[unused] = 0.0
     return tuple(x / sum(w) for x in w) if sum(w) > 0 else tuple(w)
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 
 from methods.dpkernel import JITTER_START, dpimagebench_gram, gp_draw
+from methods.dpkernel import dpimagebench_coeff as step_coeff
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from dpkernel_fallback import (markdown, measure, noise_outcome, sound_jitter, step_coeff,  # noqa: E402
-                               step_kernel, trial)
+from dpkernel_fallback import (markdown, measure, noise_outcome, sound_jitter, step_kernel,  # noqa: E402
+                               trial)
 
 WIDTHS = (8.0, 16.0)
 SHAPE = (1, 4, 4)
