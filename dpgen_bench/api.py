@@ -384,6 +384,10 @@ class Method(abc.ABC):
     # part is also an output of its DP mechanism (a discriminator trained by DPSGD) names it
     # here and scores with it. GS-WGAN's discriminators, never released, are not named.
     released_parts: tuple[str, ...] = ()
+    # Optional: None when every private part releases through a mechanism that announces itself
+    # (``RunContext.watch``: the DP optimizers, sanitisers and one-shot releases do), else one
+    # line of why not; ``bench audit --white-box`` then refuses before training.
+    white_box_unsupported: str | None = None
 
     def released_scores(self, images: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """Per-record scores (CPU, higher: more like a training record) from each part in

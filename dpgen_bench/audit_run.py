@@ -186,6 +186,10 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
     p = runner.prepare(config, data_root)
     if not p.budget.private or p.ledger.noise_off:
         raise UserError("a white-box audit needs a private run (a finite --eps, noise on)")
+    why = getattr(p.method, "white_box_unsupported", None)
+    if why:  # before training: the canaries would find no announced part afterwards
+        raise UserError(f"method '{config.method}' cannot be audited white-box ({why}); use bench audit without "
+                        "--white-box")
     run_dir = runner.prepare_out_dir(config, out, results)
     gradient_audit = GradientAudit(config.gradient_canaries, config.seed)
     log.info("white-box audit: %d gradient canaries in each private part", config.gradient_canaries)

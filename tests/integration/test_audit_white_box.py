@@ -132,3 +132,18 @@ def test_more_canaries_than_a_part_can_hold_is_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["audit", "-m", "dpgan", "--preset", "tiny", "--eps", "1", "--white-box",
                                    "--canaries", "10000000", "--device", "cpu", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "use --canaries ≤" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_white_box_audit_refuses_a_method_without_canaries_before_training(tmp_path, monkeypatch):
+    """dpkernel's Gaussian-process release has no canary kind: one line, exit 2, and fit never runs."""
+    from methods.dpkernel import DPKernel
+
+    def no_fit(*a, **k):
+        raise AssertionError("fit ran before the refusal")
+
+    monkeypatch.setattr(DPKernel, "fit", no_fit)
+    res = CliRunner().invoke(cli, ["audit", "-m", "dpkernel", "--preset", "tiny", "--eps", "1", "--white-box",
+                                   "--device", "cpu", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "cannot be audited white-box" in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "x").exists()
+
