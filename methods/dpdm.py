@@ -90,7 +90,8 @@ demo-sized network limits it (benchmarks/presets.md, "dpdm with DP-FETA's warm s
 
 On full MNIST the quick preset (100 steps of a nf-8 U-Net since the demo moved there; 150
 before) is at chance with and without noise (0.149 noise off; 0.185 at 150 steps): a minute
-is too little compute there; a `long` preset is not chosen yet (benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
+is too little compute there; a `long` preset is not chosen yet (benchmarks/presets.md, "The
+quick presets on mnist: the noise or the minute?").
 """
 
 from __future__ import annotations

@@ -155,8 +155,8 @@ On full MNIST the quick pipeline learns without noise (0.725) and stays at chanc
 and 100: at B = 24 conv1's and DPAGG's noise is 4.9 and 3.3 times the clipped signal per step
 (2.1 and 1.6 at ε = 100); B = 200 brings every part below 1 and reaches 0.35 on val, B = 500
 and 1,000 (ratios ≤ 0.4) 0.485 and 0.472 in 20-30 minutes, and B = 500 with twice the batches
-0.497: at the edge of 0.5, not yet a `long` preset (benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?"
-and "`long` candidates on mnist").
+0.497: at the edge of 0.5, not yet a `long` preset (benchmarks/presets.md, "The quick
+presets on mnist: the noise or the minute?" and "`long` candidates on mnist").
 """
 
 from .core import DPAF, DPAFHparams

@@ -146,4 +146,3 @@ def test_white_box_audit_refuses_a_method_without_canaries_before_training(tmp_p
                                    "--device", "cpu", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "cannot be audited white-box" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "x").exists()
-
