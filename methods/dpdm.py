@@ -347,6 +347,11 @@ class DPDM(Method):
                           num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=4,
                           samples_per_class=100),
         },
+        # the quick net, B = 256, T = 1,500: noise to signal 0.41 at ε = 10 (benchmarks/presets.md, "dpdm's hour on mnist")
+        "long": {
+            "mnist": dict(batch_size=256, noise_multiplicity=1, steps=1500, nf=8, ch_mult=(1, 2), num_res_blocks=1,
+                          attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=8, samples_per_class=100),
+        },
         # the paper's MNIST preset cut to T = 12 steps (benchmarks/README.md, "MNIST on a GPU")
         "gpu-short": {"mnist": dict(_PAPER_28, steps=12, samples_per_class=6000)},
         # the authors' configs, T = 300 epochs of ⌈N/B⌉ batches (docs/provenance.md, "dpdm")
@@ -376,7 +381,7 @@ class DPDM(Method):
                                   central_batch=6000, central_queries=5, central_sigma=5.0, warmup_steps=2000,
                                   warmup_batch=50, warmup_lr=3e-4, samples_per_class=6000),
         },
-        "tiny": {  # tests only: seconds
+        "tiny": {
             "*": dict(batch_size=16, noise_multiplicity=2, steps=8, nf=8, ch_mult=(1, 2), num_res_blocks=1,
                       attn_resolutions=(), lr=1e-3, ema_decay=0.9, sampler_steps=3, samples_per_class=10),
         },

@@ -96,8 +96,7 @@ class DPMERF(ConditionalSampling, Method):
         "quick": {"digits": dict(rff_sigma=34.0, epochs=10, batch_size=200, samples_per_class=100),
                   # the authors' MNIST rff_sigma and D (benchmarks/presets.md, "The other methods")
                   "mnist-5k": dict(epochs=10, batch_size=200, samples_per_class=100),
-                  # one epoch of N = 60,000 is 300 G steps; lr chosen on val, unstable over test seeds
-                  # (benchmarks/presets.md, "dpmerf's learning rate on mnist")
+                  # one epoch (300 G steps), lr chosen on val (benchmarks/presets.md, "dpmerf's learning rate on mnist")
                   "mnist": dict(epochs=1, batch_size=200, lr=3e-3, samples_per_class=100)},
         "tiny": {"*": dict(num_features=200, epochs=2, batch_size=32, g_width=8, samples_per_class=10)},
         # the authors' settings, a baseline in DP-GAN-DPAC's and DPAF's tables (docs/provenance.md, "dpmerf")

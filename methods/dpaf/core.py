@@ -110,10 +110,11 @@ class DPAFHparams:
         return "bk" if self.grad_sample_mode == "auto" else self.grad_sample_mode
 
 
-# the quick preset on digits (see DPAF.presets for how it was chosen); mnist-5k reuses it
+# the quick preset on digits (see DPAF.presets for how it was chosen); mnist-5k and mnist tune four of its settings
 _QUICK_DIGITS = dict(layer_config="C2-C1-×", batch_size=24, batches=1000, classifier_batches=100, mu=8, n_critic=1,
                      d_width=8, g_width=32, label_dim=10, fc_width=64, latent_dim=100, budget_split="10%,40%,50%",
                      torch_threads=1, samples_per_class=100)
+_QUICK_MNIST = dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3)
 
 
 class DPAF(Method):
@@ -131,9 +132,11 @@ class DPAF(Method):
             # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
             "digits": _QUICK_DIGITS,
             # a D that keeps up with G (benchmarks/presets.md, "DPAF's discriminator settings")
-            "mnist-5k": dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3),
-            "mnist": dict(_QUICK_DIGITS, mu=1, n_critic=3, lr_g=1e-3, lr_head=1e-3, lr_conv2=1e-3),
+            "mnist-5k": _QUICK_MNIST,
+            "mnist": _QUICK_MNIST,
         },
+        # B = 500 (every part's noise to signal ≤ 0.4), 3,000 batches (benchmarks/presets.md, "dpaf's hour on mnist")
+        "long": {"mnist": dict(_QUICK_MNIST, batch_size=500, batches=3000, classifier_batches=300)},
         "tiny": {  # tests only: seconds
             "*": dict(layer_config="C2-C1-×", batch_size=16, batches=40, classifier_batches=10, mu=4, n_critic=2,
                       d_width=4, g_width=4, label_dim=4, fc_width=8, latent_dim=8, log_every=10, torch_threads=1,
