@@ -351,7 +351,7 @@ class DPDM(Method):
                           num_res_blocks=1, attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=4,
                           samples_per_class=100),
         },
-        # the quick net, B = 256, T = 1,500: noise to signal 0.41 at ε = 10 (benchmarks/presets.md, "dpdm's hour on mnist")
+        # the quick net at B = 256, T = 1,500: noise to signal 0.40 (benchmarks/presets.md, "dpdm's hour on mnist")
         "long": {
             "mnist": dict(batch_size=256, noise_multiplicity=1, steps=1500, nf=8, ch_mult=(1, 2), num_res_blocks=1,
                           attn_resolutions=(), lr=1e-3, ema_decay=0.98, sampler_steps=8, samples_per_class=100),
