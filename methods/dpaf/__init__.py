@@ -160,8 +160,8 @@ one core) gives 0.393 ± 0.156 on the test split at ε = 10 over 3 seeds, below 
 draws one image per class whatever z, because D's head, trained on DPAGG's batch means,
 separates real from fake batches perfectly while the same head on one image (what G's step
 reads) is at chance. At ε = 100 it is still one image per class (0.483, seed 0; 0.147 at
-ε = 1): above ε ≈ 10 the collapse, not the noise, caps it (benchmarks/presets.md, "dpaf's hour
-on mnist"; CLAIMS.md, mnist-long).
+ε = 1); without noise it keeps z (0.661): even ε = 100's noise collapses G, and the collapse
+caps it (benchmarks/presets.md, "dpaf's hour on mnist"; CLAIMS.md, mnist-long).
 """
 
 from .core import DPAF, DPAFHparams
