@@ -195,7 +195,7 @@ class DPGAN(ConditionalSampling, Method):
             "mnist": dict(batch_size=64, steps=3000, n_d=2, d_width=128, g_width=128, latent_dim=128,
                           lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
         },
-        "tiny": {  # tests only: seconds
+        "tiny": {
             "*": dict(batch_size=32, steps=60, n_d=2, d_width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,
                       samples_per_class=10),
         },

@@ -21,6 +21,8 @@ class GAN(DPGAN):
                   "mnist-5k": dict(DPGAN.presets["quick"]["digits"], steps=1000, n_d=1),
                   # B = 32: as good on val in 2/3 of B = 64's time (presets.md, "The demo on full MNIST")
                   "mnist": dict(DPGAN.presets["quick"]["digits"], steps=1000, n_d=1, batch_size=32)},
+        # dpgan's `long` networks and schedule without the noise: that column's non-private reference (presets.md)
+        "long": {"mnist": dict(DPGAN.presets["long"]["mnist"])},
         "tiny": {"*": dict(DPGAN.presets["tiny"]["*"], n_d=1)},
         # copies a small member set: MIA's and `bench audit`'s positive control (benchmarks/presets.md, "memorise")
         "memorise": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1, steps=5000, g_width=64,
