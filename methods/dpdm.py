@@ -92,9 +92,10 @@ On full MNIST the quick preset (100 steps of a nf-8 U-Net since the demo moved t
 before) is at chance with and without noise (0.149 noise off; 0.185 at 150 steps): a minute
 is too little compute there (benchmarks/presets.md, "The quick presets on mnist: the noise or
 the minute?"). The `long` preset (the same U-Net at B = 256, T = 1,500, about 30 minutes of one
-core) learns digits without noise (0.748 on val) and not at ε = 10 (0.340; B = 512 with a
-longer EMA, 0.362): in an hour of a CPU the noise binds (benchmarks/presets.md, "dpdm's hour
-on mnist"; CLAIMS.md, mnist-long). The paper's MNIST setting (the `paper` preset: nf 32, three
+core) learns digits without noise (0.748 on val; 0.735 on test) and not at ε = 10 (0.340 on
+val; B = 512 with a longer EMA, 0.362; 0.316 ± 0.010 over 3 test seeds), nor at ε = 100
+(0.479): in an hour of a CPU the noise binds (benchmarks/presets.md, "dpdm's hour on mnist";
+CLAIMS.md, mnist-learns and mnist-long). The paper's MNIST setting (the `paper` preset: nf 32, three
 resolutions, B = 4,096, noise multiplicity 32) is a GPU's.
 """
 
