@@ -244,13 +244,15 @@ def _figure(plt, ncols: int = 1, figsize=(4.5, 3.2)):
 
 
 def sample_grids(long: pd.DataFrame, out: Path, per_class: int = 8) -> list[Path]:
-    """One panel per (dataset, ε) with each method's samples side by side (first seed)."""
+    """One panel per (dataset, ε) with each method's samples side by side (first seed that
+    has them: the records committed under benchmarks/ keep no samples)."""
     plt = _plt()
     from torchvision.utils import make_grid
     import torch
 
     paths = []
     runs = long.drop_duplicates("run_dir").sort_values(["dataset", "eps_target", "method", "seed"])
+    runs = runs[[(Path(d) / "samples.npz").is_file() for d in runs["run_dir"]]]
     for (dataset, eps), g in runs.groupby(["dataset", "eps_target"]):
         g = g.drop_duplicates("method")
         fig, axes = _figure(plt, len(g), figsize=(2.6 * len(g), 3.0))

@@ -117,6 +117,19 @@ def test_report_figures_writes_one_curve_per_dataset_and_metric(tmp_path, cli_ru
     assert {f"digits-{m}-vs-eps.{ext}" for m in ("gen2real_cnn", "fid") for ext in ("png", "pdf")} <= names
 
 
+def test_report_figures_reads_records_without_samples(tmp_path, cli_runner):
+    """The JSON records committed under benchmarks/ keep no samples: the curve still draws
+    them, and the sample grids take the seeds that have samples, not a traceback."""
+    root = _records(tmp_path / "runs")
+    (root / "dpgan-eps10-s0" / "samples.npz").unlink()  # seed 1 keeps its samples
+    for seed in (0, 1):
+        (root / f"dpmean-eps1-s{seed}" / "samples.npz").unlink()  # no seed has samples
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--figures", str(tmp_path / "fig")])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    names = {p.name for p in (tmp_path / "fig").iterdir()}
+    assert {"digits-gen2real_cnn-vs-eps.png", "digits-eps10-samples.png", "digits-eps1-samples.png"} <= names
+
+
 def test_lone_noise_off_config_is_still_labelled_and_a_one_eps_floor_spans_the_axis(tmp_path):
     """A method whose only configuration is noise-off has no setting in the tables' label:
     the figure adds it. dpmean at a single ε is a band across every finite ε, naming it."""
