@@ -154,6 +154,26 @@ def record_dir(cell: Cell, root: Path, also: list[Path] = ()) -> Path:
     return root / cell.run_name
 
 
+def draw_figures(arms: dict[str, Arm], root: Path, out: Path, also: list[Path] = ()) -> list[Path]:
+    """A claim's figures (those of ``bench report --figures``: the metric against ε, sample
+    grids) from its own complete records only, linked into ``out/runs`` (rebuilt each time:
+    a run of an earlier setting leaves); the other claims' records in ``root`` would crowd them."""
+    from dpgen_bench.report import table as T
+    from dpgen_bench.report.figures import all_figures
+
+    links = out / "runs"
+    links.mkdir(parents=True, exist_ok=True)
+    for old in links.iterdir():
+        if old.is_symlink():
+            old.unlink()
+    for cell in (c for a in arms.values() for c in a.cells):
+        run_dir = record_dir(cell, root, also)
+        if store.is_complete(run_dir) and not (links / cell.run_name).exists():
+            (links / cell.run_name).symlink_to(run_dir.resolve())
+    full, _ = T.collect(links)
+    return all_figures(full, T.aggregate(full), out) if len(full) else []
+
+
 def read_arm(arm: Arm, root: Path, require_commit: str | None = None, also: list[Path] = ()) -> None:
     """The arm's complete records under ``root`` (or ``also``); with ``require_commit`` (a full
     hash), a record made by code without that commit is left out (counted in ``arm.stale``)."""
@@ -506,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None,
                     help="Comma-separated claim ids: run and re-render those claims' sections only; the other "
                          "sections of each block are kept as they are.")
+    ap.add_argument("--figures", default=None, metavar="DIR",
+                    help="Also draw each rendered claim's figures from its own records, in DIR/<claim>-<dataset>/.")
     args = ap.parse_args(argv)
     setup_logging(False)
     try:
@@ -551,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
         if stale:
             print(f"claims: {stale} records made without {args.require_commit} left out (--run runs them again)",
                   file=sys.stderr)
+        if args.figures:
+            for (d, claim_id), by_name in arms.items():
+                paths = draw_figures(by_name, root, Path(args.figures) / f"{claim_id}-{d}", also)
+                print(f"claims: {len(paths)} figure files for {claim_id} on {d}", file=sys.stderr)
         for d in datasets:
             covered = [c for c in claims if (d, c["id"]) in arms]
             block = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,

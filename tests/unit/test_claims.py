@@ -351,3 +351,24 @@ def test_a_committed_record_counts_for_its_cell(tmp_path):
     arm = claims.Arm("dpgan, long preset", cells[:1])
     claims.read_arm(arm, tmp_path, also=claims.committed_roots(spec))
     assert len(arm.values["gen2real_cnn"]) == 1 and arm.values["gen2real_cnn"][0] > 0.5
+
+
+def test_a_claims_figures_are_drawn_from_its_own_records_only(tmp_path):
+    """``--figures``: the curve of one claim's arms, whatever else the results root holds; a
+    record in the committed root (no samples there) counts, and a second call rebuilds the links."""
+    results, committed = tmp_path / "results", tmp_path / "committed"
+    spec = claims.load_claims(CLAIMS_YAML)
+    claim = next(c for c in spec["claims"] if c["id"] == "mnist-long")
+    arms = claims.build_arms(spec, claim, "mnist")
+    names = list(arms)
+    for name in names[:-1]:
+        _records(results, arms[name], [0.3])
+    _records(committed, arms[names[-1]], [0.7])
+    other = claims.build_arms(spec, next(c for c in spec["claims"] if c["id"] == "mnist-noise"), "mnist")
+    _records(results, next(iter(other.values())), [0.1])  # another claim's record: not drawn
+    out = tmp_path / "fig" / "mnist-long-mnist"
+    for _ in range(2):
+        paths = claims.draw_figures(arms, results, out, [committed])
+        linked = {p.name for p in (out / "runs").iterdir()}
+        assert linked == {a.cells[0].run_name for a in arms.values()}
+    assert out / "mnist-gen2real_cnn-vs-eps.png" in paths
