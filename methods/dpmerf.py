@@ -19,12 +19,14 @@ Departures from the authors' code (ParkLabML/DP-MERF, ``code_balanced``):
 - Pixels enter the features in [0, 1] as there; ``rff_sigma`` default 105 is theirs for
   28×28 MNIST (the kernel's σ² in pixel units); for other sizes the ``quick`` preset scales
   it with the number of pixels (digits 16×16: chosen on the validation part).
-- The generator is the conditional DCGAN of ``dpgan`` (``dpgen_bench.nets.dcgan``, tanh
-  output mapped to [0, 1]) instead of their ``ConvCondGen`` (FC 200 + two 5×5 convs);
+- The ``quick`` presets' generator is the conditional DCGAN of ``dpgan`` (``dpgen_bench.nets.dcgan``,
+  tanh output mapped to [0, 1]); ``generator="authors"`` (the ``long`` and ``paper`` presets)
+  is their ``ConvCondGen`` (``AuthorsGenerator``: FC 200 + two 5×5 convs, batch norm, sigmoid).
   Adam(lr 0.01) with ×0.9 decay per epoch of ⌊n/B⌋ steps and B = 500 as theirs; D = 10,000
-  features as theirs. This generator can die on full MNIST: about one seed in three paints
-  every pixel black (every output in the flat of the tanh) and never leaves, at the authors'
-  schedule too (benchmarks/presets.md, "dpmerf's learning rate on mnist"; open).
+  features as theirs. The DCGAN can die on full MNIST: about one seed in three paints every
+  pixel black (every output in the flat of the tanh) and never leaves, at the authors'
+  schedule too; their generator does not (benchmarks/presets.md, "dpmerf's learning rate on
+  mnist").
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
+from dpgen_bench.errors import UserError
 from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import release_noise_to_signal
@@ -43,6 +47,38 @@ from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
 
 SUM, COUNT = "embedding_sum", "count"
+GENERATORS = ("dcgan", "authors")
+
+
+class AuthorsGenerator(nn.Module):
+    """The DP-MERF authors' conditional generator (``ConvCondGen`` of ParkLabML/DP-MERF,
+    written anew): [z, onehot(y)] → linear 200 → batch norm → ReLU → linear c₁·(s/4)² → batch
+    norm → c₁ maps of s/4 × s/4 → bilinear ×2 → 5×5 conv to c₂ → ReLU → bilinear ×2 → 5×5
+    conv to the image's channels → sigmoid, returned in [−1, 1] as every generator here.
+    Their MNIST sizes: c₁, c₂ = 16, 8; s = 28 (7 × 7 maps before upsampling)."""
+
+    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, latent_dim: int,
+                 hidden: int = 200, maps: tuple[int, int] = (16, 8), kernel: int = 5):
+        super().__init__()
+        channels, size, width = image_shape
+        if size != width or size % 4:
+            raise ValueError(f"the authors' generator needs square images with a side divisible by 4, "
+                             f"not {size}×{width}")
+        self.num_classes, self.maps, self.side = num_classes, maps, size // 4
+        self.fc1 = nn.Linear(latent_dim + num_classes, hidden)
+        self.bn1 = nn.BatchNorm1d(hidden)
+        self.fc2 = nn.Linear(hidden, maps[0] * self.side ** 2)
+        self.bn2 = nn.BatchNorm1d(maps[0] * self.side ** 2)
+        self.conv1 = nn.Conv2d(maps[0], maps[1], kernel, padding=kernel // 2)
+        self.conv2 = nn.Conv2d(maps[1], channels, kernel, padding=kernel // 2)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], 1)
+        h = self.bn2(self.fc2(F.relu(self.bn1(self.fc1(h)))))
+        h = h.view(len(h), self.maps[0], self.side, self.side)
+        up = dict(scale_factor=2, mode="bilinear", align_corners=True)  # their nn.UpsamplingBilinear2d
+        h = F.relu(self.conv1(F.interpolate(h, **up)))
+        return 2 * torch.sigmoid(self.conv2(F.interpolate(h, **up))) - 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +91,8 @@ class DPMERFHparams:
     lr: float = 0.01
     lr_decay: float = 0.9  # per epoch
     latent_dim: int = 5  # the authors' d_code
-    g_width: int = 32
+    g_width: int = 32  # the DCGAN generator's (generator="dcgan")
+    generator: str = "dcgan"  # or "authors": their ConvCondGen (FC 200, two 5×5 convs, batch norm, sigmoid)
     log_every: int = 50
 
     def __post_init__(self):
@@ -67,6 +104,8 @@ class DPMERFHparams:
         for name in ("batch_size", "epochs", "latent_dim", "g_width", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1")
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {', '.join(GENERATORS)}")
         w = self.shares()
         if len(w) != 2 or min(w) <= 0:
             raise ValueError("weights must be two positive numbers (embedding sum, count)")
@@ -93,6 +132,8 @@ class DPMERF(ConditionalSampling, Method):
     private = True
     conditional = True
     Hparams = DPMERFHparams
+    # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
+    late_hparams = {"generator": "dcgan"}
     presets = {
         # digits: rff_sigma scaled from MNIST's 105 by 256/784 pixels, chosen on val (benchmarks/presets.md)
         "quick": {"digits": dict(rff_sigma=34.0, epochs=10, batch_size=200, samples_per_class=100),
@@ -101,15 +142,22 @@ class DPMERF(ConditionalSampling, Method):
                   # one epoch (300 G steps), lr chosen on val (benchmarks/presets.md, "dpmerf's learning rate on mnist")
                   "mnist": dict(epochs=1, batch_size=200, lr=3e-3, samples_per_class=100)},
         "tiny": {"*": dict(num_features=200, epochs=2, batch_size=32, g_width=8, samples_per_class=10)},
-        # the authors' settings, a baseline in DP-GAN-DPAC's and DPAF's tables (docs/provenance.md, "dpmerf")
-        "paper": {"mnist": dict(samples_per_class=6000),
-                  "fashion-mnist": dict(rff_sigma=127.0, samples_per_class=6000)},
+        # the authors' settings and generator (presets.md, "dpmerf's learning rate on mnist"; docs/provenance.md)
+        "long": {"mnist": dict(generator="authors", samples_per_class=100)},
+        "paper": {"mnist": dict(generator="authors", samples_per_class=6000),
+                  "fashion-mnist": dict(generator="authors", rff_sigma=127.0, samples_per_class=6000)},
     }
 
     def __init__(self, hparams: DPMERFHparams, info: DataInfo):
         super().__init__(hparams, info)
         h = hparams
-        self.G = conditional_generator(self.name, info.image_shape, info.num_classes, h.g_width, h.latent_dim)
+        if h.generator == "authors":
+            try:
+                self.G = AuthorsGenerator(info.image_shape, info.num_classes, h.latent_dim)
+            except ValueError as e:
+                raise UserError(f"{self.name}: {e}") from None
+        else:
+            self.G = conditional_generator(self.name, info.image_shape, info.num_classes, h.g_width, h.latent_dim)
         self.freqs = torch.empty(0)  # the random features: drawn from the run's seed in fit
 
     def noise_to_signal(self, part: PrivacyPart) -> float:

@@ -10,7 +10,8 @@ from fake_context import FakeContext
 
 from dpgen_bench.api import Budget, DataInfo, Split
 from dpgen_bench.privacy import PrivacyLedger, calibrate_noise, compose_rdp
-from methods.dpmerf import COUNT, SUM, DPMERF, DPMERFHparams, label_embedding, random_features
+from dpgen_bench.errors import UserError
+from methods.dpmerf import COUNT, SUM, DPMERF, AuthorsGenerator, DPMERFHparams, label_embedding, random_features
 
 SHAPE = (1, 16, 16)
 INFO = DataInfo("toy", SHAPE, 3, 30)
@@ -80,3 +81,38 @@ def test_the_releases_have_the_calibrated_std_around_the_true_values():
     assert errors.std().item() == pytest.approx(s_part.noise_multiplier, rel=0.05)
     assert abs(errors.mean().item()) < 0.05 * s_part.noise_multiplier
     assert torch.tensor(counts).std().item() == pytest.approx(c_part.noise_multiplier, rel=0.15)
+
+
+def test_the_authors_generator_trains_and_samples_in_range():
+    """``generator="authors"`` (their ConvCondGen): the same releases and loop; batch norm is
+    in training mode while fitting and uses its running statistics when sampling."""
+    h = DPMERFHparams(num_features=64, epochs=2, batch_size=10, generator="authors", log_every=1)
+    m = DPMERF(h, INFO)
+    assert isinstance(m.G, AuthorsGenerator)
+    budget = Budget(5.0)
+    ctx = FakeContext(PrivacyLedger(budget, m.plan(budget)))
+    before = {k: v.clone() for k, v in m.G.state_dict().items()}
+    m.fit(_data(36), budget, ctx)
+    assert ctx.ledger.taken == {SUM: 1, COUNT: 1} and not m.G.training
+    assert not torch.equal(before["bn1.running_mean"], m.G.bn1.running_mean)  # trained in training mode
+    assert not torch.equal(before["fc1.weight"], m.G.fc1.weight)
+    labels = torch.tensor([0, 1, 2, 0])
+    x, y = m.sample(4, labels, torch.Generator().manual_seed(0))
+    assert x.shape == (4, *SHAPE) and x.min() >= -1 and x.max() <= 1 and y.tolist() == labels.tolist()
+    z = torch.randn(4, h.latent_dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # eval mode: an image does not depend on the rest of its batch
+        assert torch.allclose(m.G(z, labels)[:1], m.G(z[:1], labels[:1]), atol=1e-6)
+
+
+def test_the_authors_generator_needs_a_side_divisible_by_four():
+    with pytest.raises(UserError, match="divisible by 4"):
+        DPMERF(DPMERFHparams(generator="authors"), DataInfo("toy", (1, 18, 18), 3, 30))
+    with pytest.raises(ValueError, match="generator must be one of"):
+        DPMERFHparams(generator="fc")
+
+
+def test_a_new_setting_at_its_old_value_keeps_the_recorded_run_names():
+    from dpgen_bench.config import hashed_hparams
+
+    assert "generator" not in hashed_hparams("dpmerf", {"generator": "dcgan", "epochs": 1})
+    assert hashed_hparams("dpmerf", {"generator": "authors"})["generator"] == "authors"
