@@ -14,7 +14,8 @@ from dpgen_bench.report.table import identity
 from dpgen_bench.sweep import Cell
 
 # (method, a --set that moves a late setting off its "as before" value)
-CASES = [("dpdm", "warmup=central"), ("dpgan", "ema_decay=0.99"), ("gan", "ema_decay=0.99")]
+CASES = [("dpdm", "warmup=central"), ("dpgan", "ema_decay=0.99"), ("gan", "ema_decay=0.99"),
+         ("dpmerf", "generator=authors")]
 
 
 def test_every_method_with_late_settings_is_covered():
