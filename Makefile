@@ -37,17 +37,17 @@ demo: install
 demo-mnist-5k: install
 	$(BIN)/bench sweep --method all --dataset mnist-5k --eps 10 --preset quick --seeds 0 --jobs 2 \
 	    --eval gen2real_cnn --no-report
-	$(BIN)/bench report --layout b --dataset mnist-5k --eps 10
+	$(BIN)/bench report --layout one-setting --dataset mnist-5k --eps 10
 
 # The same comparison on scikit-learn's digits (16×16, 1,437 training images).
 demo-digits: install
 	$(BIN)/bench sweep --method all --dataset digits --eps 10 --preset quick --seeds 0 --jobs 2 \
 	    --eval gen2real_cnn,real2gen_cnn --no-report
-	$(BIN)/bench report --layout b --dataset digits --eps 10
+	$(BIN)/bench report --layout one-setting --dataset digits --eps 10
 
 # The papers' claims on digits, mnist-5k and mnist: runs what is missing, then writes benchmarks/CLAIMS.md.
 claims: install
-	$(BIN)/python benchmarks/claims.py --run --jobs 2
+	$(BIN)/bench claims --run --jobs 2
 
 # The suite on every core (pytest-xdist; tests/conftest.py gives each worker its share of the
 # cores as torch and BLAS threads); TEST_JOBS=1 runs it in one process.

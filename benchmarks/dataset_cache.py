@@ -43,9 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 CACHE_ROOT = ".dpgen_cache"  # $DPGEN_CACHE of the measured loads, inside the benchmark's directory
-sys.path.insert(0, str(ROOT))
 
 ATTRS = (
     "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "

@@ -22,16 +22,13 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dpgen_bench.api import PrivacyPart  # noqa: E402
-from dpgen_bench.nets.dcgan import ConditionalDiscriminator  # noqa: E402
-from dpgen_bench.privacy.dpsgd import GRAD_SAMPLE_MODES, make_private, private_backward  # noqa: E402
+from dpgen_bench.api import PrivacyPart
+from dpgen_bench.nets.dcgan import ConditionalDiscriminator
+from dpgen_bench.privacy.dpsgd import GRAD_SAMPLE_MODES, make_private, private_backward
 
 
 class PartContext:

@@ -25,18 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-
-from dpaf_gap import within_class_std  # noqa: E402  (this directory is on sys.path)
-from dpgen_bench.data import load_dataset  # noqa: E402
-from methods.dpaf.dpagg import sin  # noqa: E402
-from methods.dpaf.nets import Conv1, Conv2Star, Generator, Head, dcgan_init, make_layout  # noqa: E402
+from dpaf_gap import within_class_std  # this directory: the script's own, on sys.path
+from dpgen_bench.data import load_dataset
+from methods.dpaf.dpagg import sin
+from methods.dpaf.nets import Conv1, Conv2Star, Generator, Head, dcgan_init, make_layout
 
 
 def run(a: argparse.Namespace, data, seed: int) -> dict:

@@ -22,18 +22,14 @@ import argparse
 import gc
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from dp_step import PartContext, _sync, round_robin  # this directory: the script's own, on sys.path
 
-from dp_step import PartContext, _sync, round_robin  # noqa: E402
-
-from dpgen_bench.api import DataInfo  # noqa: E402
-from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
-from methods.dpdm import DPDM, DPDMHparams, edm_loss  # noqa: E402
+from dpgen_bench.api import DataInfo
+from dpgen_bench.privacy.dpsgd import make_private, private_backward
+from methods.dpdm import DPDM, DPDMHparams, edm_loss
 
 MODES = ("non-private", "bk", "bk:ghost", "bk:per_example")
 

@@ -25,14 +25,12 @@ import resource
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-warnings.filterwarnings("ignore", category=FutureWarning)
+from evaluators.inception import build_extractor, source_weights_path, to_uint8_rgb
 
-from evaluators.inception import build_extractor, source_weights_path, to_uint8_rgb  # noqa: E402
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def cpu_times() -> tuple[float, float]:

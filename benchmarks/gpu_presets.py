@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "unit")]
+# the tests' fake-data writers (fake_data, test_datasets_real): tests/ is not an installed package
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "unit")]
 
 # (method, dataset, overrides cutting the paper preset to a few hundred private steps)
 CASES = [

@@ -8,10 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from dpgen_bench.report import table as T
 
-from dpgen_bench.report import table as T  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' record writer (report_fixtures): tests/ is not a package
 from report_fixtures import make_record  # noqa: E402
 
 with tempfile.TemporaryDirectory() as tmp:

@@ -86,23 +86,18 @@ from typing import Callable
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-for _p in (str(HERE.parent), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from dp_step import PartContext, make_step, round_robin  # this directory: the script's own, on sys.path
 
-from dp_step import PartContext, make_step, round_robin  # noqa: E402
-
-from dpgen_bench.api import DataInfo, PrivacyPart, Split  # noqa: E402
-from dpgen_bench.config import resolve_hparams  # noqa: E402
-from dpgen_bench.privacy.dpsgd import make_private, private_backward  # noqa: E402
-from dpgen_bench.privacy.sanitizer import GradientSanitizer  # noqa: E402
-from methods.dpaf import DPAF  # noqa: E402
-from methods.dpaf.dpagg import dpagg  # noqa: E402
-from methods.dpdm import DPDM, edm_loss  # noqa: E402
-from methods.dpgan import DPGAN  # noqa: E402
-from methods.dpsinkhorn import BatchGradientSanitizer, DPSinkhorn  # noqa: E402
-from methods.gswgan import GSWGAN  # noqa: E402
+from dpgen_bench.api import DataInfo, PrivacyPart, Split
+from dpgen_bench.config import resolve_hparams
+from dpgen_bench.privacy.dpsgd import make_private, private_backward
+from dpgen_bench.privacy.sanitizer import GradientSanitizer
+from methods.dpaf import DPAF
+from methods.dpaf.dpagg import dpagg
+from methods.dpdm import DPDM, edm_loss
+from methods.dpgan import DPGAN
+from methods.dpsinkhorn import BatchGradientSanitizer, DPSinkhorn
+from methods.gswgan import GSWGAN
 
 NON_PRIVATE = "non-private"
 # width name: (preset, dataset, image shape, training-set size)

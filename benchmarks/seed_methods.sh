@@ -9,10 +9,10 @@
 #   a diagnostic), with the noise off too. gen2real CNN only: the cells are CLAIMS.md's where
 #   they coincide (about 15 minutes of 2 cores beyond the claims' cells).
 #
-# Records go to results/claims (a second call skips complete cells; benchmarks/claims.py reads the
+# Records go to results/claims (a second call skips complete cells; bench claims reads the
 # same records); then the table and the figures of these cells only (links to them in
 # $OUT.curve-$DATASET: the claims' other arms in results/claims would crowd the figure):
-#   bench report --results results/claims.curve-mnist-5k --layout a --dataset mnist-5k
+#   bench report --results results/claims.curve-mnist-5k --layout eps-rows --dataset mnist-5k
 #   results/claims.curve-$DATASET.figures/$DATASET-gen2real_cnn-vs-eps.png
 # JOBS=2 (default) runs two cells at a time.
 set -euo pipefail
@@ -53,4 +53,5 @@ for name in os.listdir(links):  # rebuilt: cells of earlier presets (run names h
 for name in {c.run_name for g in sys.argv[3:] for c in expand(load_config_file(g))}:
     os.symlink(os.path.join(out, name), os.path.join(links, name))
 PY
-"$BENCH" report --results "$OUT.curve-$DATASET" --layout a --dataset "$DATASET" --figures "$OUT.curve-$DATASET.figures"
+"$BENCH" report --results "$OUT.curve-$DATASET" --layout eps-rows --dataset "$DATASET" \
+    --figures "$OUT.curve-$DATASET.figures"

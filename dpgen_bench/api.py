@@ -209,6 +209,9 @@ class PrivacyReport:
     epsilon_prv: float = 0.0
     caveat: str | None = None  # set when the ε is not a DP guarantee of the run (Method.accounting_caveat)
     noise_off: bool = False  # a --noise-off diagnostic: ε = ∞, the parts keep the calibrated σ
+    # measured per-part gradient norms and noise to signal (privacy.telemetry): computed on the
+    # private data without noise, a diagnostic outside the guarantee
+    telemetry: dict[str, Any] | None = None
 
     @property
     def private(self) -> bool:
@@ -222,6 +225,7 @@ class PrivacyReport:
             "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
             "caveat": self.caveat,
             **({"noise_off": True} if self.noise_off else {}),
+            **({"telemetry": self.telemetry} if self.telemetry else {}),
         }
 
 
@@ -277,6 +281,12 @@ class RunContext(abc.ABC):
         which ``make_private`` announces itself, or a ``GradientSanitizer``), so a white-box
         audit (``bench audit --white-box``) can place its canaries inside it. Call it once
         per part, before the first release; outside an audit it does nothing."""
+        return None
+
+    def observe(self, part: str, *, norms: Any, clip: float, clipped_sum_norm: float, noise_norm: float) -> None:
+        """Measured gradient telemetry of one private step of ``part``, taken before the noise
+        (``privacy.telemetry``; the mechanisms call it themselves): a diagnostic outside the
+        guarantee, written to ``train.jsonl`` and the run record, never into the release."""
         return None
 
     def log(self, message: str) -> None:  # to stderr through logging

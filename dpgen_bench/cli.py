@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from . import registry, store
+from . import registry, settings, store
 from .config import DEFAULT_DELTA, DEFAULTS_PRESET, EVAL_SPLITS, build_config, load_config_file, parse_set
 from .errors import Interrupted, PrivacyViolation, UserError
 from .logs import setup_logging
@@ -98,12 +98,15 @@ def _run_options(f):
                    "probe of the first training steps on this device), then exit without writing anything.")
 @click.option("--probe-seconds", type=float, default=10.0, show_default=True,
               help="Length of --dry-run's timing probe (0: no estimate).")
+@click.option("--probe-steps", type=click.IntRange(min=0), default=5, show_default=True,
+              help="--dry-run's gradient probe: each private part's first N steps, its measured gradient norms and "
+                   "noise to signal beside the bound-based one (0: none; a diagnostic on the private data).")
 @click.option("--resume", "resume_dir", default=None, help="Continue an interrupted run from its last checkpoint.")
 @click.option("--noise-off", "noise_off", is_flag=True, default=None,
               help="Diagnostic, NOT private: the same pipeline (plan, clipping, steps) with every noise multiplier "
                    "0; recorded with ε = ∞ and the σ the target calibrated.")
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
-        evaluators, device, out, results, dry_run, probe_seconds, resume_dir, noise_off):
+        evaluators, device, out, results, dry_run, probe_seconds, probe_steps, resume_dir, noise_off):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
     from . import runner
 
@@ -129,7 +132,7 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
         else:
             cfg = build_config(method, dataset, **settings)
             if dry_run:
-                _dry_run(runner, cfg, data_root, probe_seconds)
+                _dry_run(runner, cfg, data_root, probe_seconds, probe_steps)
                 return
             result = runner.run(cfg, out=out, results=results, data_root=data_root)
     except Interrupted as e:
@@ -139,14 +142,16 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
     _print_result(result)
 
 
-def _dry_run(runner, cfg, data_root, probe_seconds) -> None:
+def _dry_run(runner, cfg, data_root, probe_seconds, probe_steps) -> None:
     from . import probe
 
     prepared = runner.prepare(cfg, data_root)
-    plan = prepared.ledger.planned_report().to_json()
+    # every caveat the run will record: the ledger's and the run's own (a paper's accounting, TF32)
+    plan = runner.with_caveat(prepared.ledger.planned_report(), runner.run_caveat(prepared)).to_json()
     estimate = probe.estimate_runtime(prepared, probe_seconds) if probe_seconds > 0 else None
-    click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate},
-                          indent=2, default=str))
+    gradients = probe.measure_gradients(cfg, data_root, probe_steps) if probe_steps > 0 else None
+    click.echo(json.dumps({"config": cfg.to_json(), "privacy_plan": plan, "runtime_estimate": estimate,
+                           **({"gradient_probe": gradients} if gradients else {})}, indent=2, default=str))
 
 
 def _print_result(result: dict) -> None:
@@ -231,8 +236,13 @@ def eval_(run_dir, evaluators, data_root):
 @cli.command()
 @_run_options
 @click.option("--members", type=int, default=None, help="Plan for a run on N training images only (as bench run).")
-def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members):
-    """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training."""
+@click.option("--probe", "probe_steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Run each private part's first N steps on the data and add its measured gradient norms and noise "
+                   "to signal (a diagnostic on the private data, outside the guarantee; 0: the plan alone).")
+def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
+            probe_steps):
+    """Print the calibrated privacy plan (noise, steps, ε by RDP and PRV) without training;
+    with --probe N, also each part's measured gradient norms from a short probe."""
     from . import runner
     from .privacy import fmt_eps
 
@@ -247,12 +257,27 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
     if plan.standard:
         click.echo(plan.standard)
     click.echo(f"target: epsilon {cfg.epsilon:g}, delta {cfg.delta:g}")
-    click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) | noise / signal |")
-    click.echo("|---|---|---|---|---|---|---|")
+    measured = {}
+    if probe_steps:
+        from . import probe
+
+        measured = probe.measure_gradients(cfg, data_root, probe_steps)["parts"]
+    extra = " measured noise / signal | median ‖g‖ / C | clipped |" if probe_steps else ""
+    click.echo("| part | mechanism | noise multiplier | sample rate | steps | ε (RDP, alone) | noise / signal |" + extra)
+    click.echo("|---|---|---|---|---|---|---|" + "---|" * (3 if probe_steps else 0))
+    g = lambda v, f=".3g": "n/a" if v is None else format(v, f)  # noqa: E731
     for p in rep.parts:
+        m = measured.get(p.name, {})
         ratio = "n/a" if p.noise_to_signal is None else f"{p.noise_to_signal:.3g}"
+        share = None if m.get("median_norm") is None else m["median_norm"] / m["clip_bound"]
+        cells = (f" {g(m.get('noise_to_signal_measured'))} | {g(share)} | {g(m.get('clip_fraction'), '.0%')} |"
+                 if probe_steps else "")
         click.echo(f"| {p.name} | {p.mechanism} | {p.noise_multiplier:.4f} | {p.sample_rate:.5f} | {p.steps} | "
-                   f"{p.epsilon:.4f} | {ratio} |")
+                   f"{p.epsilon:.4f} | {ratio} |" + cells)
+    if probe_steps:
+        click.echo(f"measured: over each part's first {probe_steps} steps, on the private data without noise (a "
+                   "diagnostic outside the guarantee): the noise's norm over the exact clipped sum's, and the "
+                   "records' median norm against the clip bound C")
     if any(p.noise_to_signal is not None for p in rep.parts):
         click.echo("noise / signal: the noise's norm on one step's released average over the largest signal a "
                    "record gives it (σ·√d / B for DP-SGD; docs/accounting.md); far above 1, the steps are noise-bound")
@@ -264,9 +289,17 @@ def privacy(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, d
 
 
 @cli.command("list")
-@click.argument("what", type=click.Choice(["methods", "datasets", "evaluators", "presets"]))
-def list_(what):
-    """List registered methods, datasets, evaluators or presets."""
+@click.argument("what", type=click.Choice(["methods", "datasets", "evaluators", "presets", "settings"]))
+@click.argument("method", required=False)
+def list_(what, method):
+    """List registered methods, datasets, evaluators or presets; `settings [METHOD]`: each
+    setting of METHOD (of every method without it) as method, setting, type, range ("-": none
+    declared) and default, the range as its Hparams declares it (dpgen_bench/settings.py)."""
+    if method and what != "settings":
+        raise UserError(f"bench list {what} takes no METHOD (bench list settings METHOD does)")
+    if what == "settings":
+        _list_settings(method)
+        return
     reg = {"methods": registry.methods, "datasets": registry.datasets, "evaluators": registry.evaluators,
            "presets": registry.methods}[what]
     for name in reg.names():
@@ -290,6 +323,19 @@ def list_(what):
                 click.echo(f"{name}\t{preset}\t{', '.join(sorted(obj.presets.get(preset, ['*'])))}{note}")
 
 
+def _list_settings(method: str | None) -> None:
+    for name in [method] if method else registry.methods.names():
+        try:
+            cls = registry.methods.get(name)
+        except UserError as e:
+            if method:
+                raise
+            log.warning("%s", e)  # as for the other lists: the methods that load are still listed
+            continue
+        for row in settings.describe(cls.Hparams):
+            click.echo("\t".join((name, *row)))
+
+
 def _dataset_summary(name: str, loader) -> str:
     """For a dataset loader without a docstring: its name and sizes, from loading it once
     (a plugin's own description when it gives one)."""
@@ -309,20 +355,42 @@ def _first_line(obj) -> str:
 
 # ---------------------------------------------------------------------- report
 
+# bench report's layouts (dpgen_bench/report/table.py), named by what their rows and columns
+# are; the first four were called a, b, c, d, which still work
+LAYOUTS = ("eps-rows", "one-setting", "mia", "eps-columns", "tiers", "audit", "runs")
+LAYOUT_LETTERS = {"a": "eps-rows", "b": "one-setting", "c": "mia", "d": "eps-columns"}
+
+
+class AliasedChoice(click.Choice):
+    """A choice among ``choices`` that also accepts ``aliases`` (older names), as typed; the
+    help lists the choices only."""
+
+    def __init__(self, choices, aliases: dict[str, str]):
+        super().__init__(choices)
+        self.aliases = aliases
+
+    def convert(self, value, param, ctx):
+        if value in self.aliases:
+            return value
+        return super().convert(value, param, ctx)
+
+
 
 @cli.command()
 @click.option("--results", default=None, help="Root of run directories (else $DPGEN_RESULTS, else results/runs).")
 @click.option("--also", "also", multiple=True, metavar="DIR",
               help="Further roots of run directories reported together with --results (e.g. the records "
                    "committed under benchmarks/); repeatable.")
-@click.option("--layout", type=click.Choice(["a", "b", "c", "d", "tiers", "audit", "runs"]), default="a",
-              help="a: (ε, method) × (dataset, metric); b: method × metrics for one (dataset, ε); "
-                   "c: MIA AUC per attack and member count; d: method × (dataset, ε, metric); tiers: method × "
-                   "preset (quick, long, paper) for one metric, beside the method's own paper's number; audit: "
-                   "the accountant's ε beside bench audit's lower bounds; runs: one row per run.")
-@click.option("--metric", "metrics", default=None, help="Comma-separated metrics (layouts a, d) [default: all].")
-@click.option("--dataset", default=None, help="Dataset [default: layout b: the first; the others: all].")
-@click.option("--eps", type=float, default=None, help="Target ε (layout b) [default: all].")
+@click.option("--layout", type=AliasedChoice(LAYOUTS, LAYOUT_LETTERS), default="eps-rows",
+              help="eps-rows: rows (ε, method), columns (dataset, metric); one-setting: method × metrics for one "
+                   "(dataset, ε); mia: MIA AUC per attack and member count; eps-columns: method × (dataset, ε, "
+                   "metric); tiers: method × preset (quick, long, paper) for one metric, beside the method's own "
+                   "paper's number; audit: the accountant's ε beside bench audit's lower bounds; runs: one row per "
+                   "run. The first four's old names a, b, c, d still work.")
+@click.option("--metric", "metrics", default=None,
+              help="Comma-separated metrics (layouts eps-rows, eps-columns; tiers: the first) [default: all].")
+@click.option("--dataset", default=None, help="Dataset [default: one-setting, tiers: the first; the others: all].")
+@click.option("--eps", type=float, default=None, help="Target ε (layouts one-setting, tiers) [default: all].")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "latex", "csv"]), default="markdown")
 @click.option("--out", default=None, help="Write the table to this file instead of stdout.")
 @click.option("--with-references", is_flag=True, help="Add the papers' published numbers as '(paper)' rows.")
@@ -335,6 +403,7 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
 
     from .report import table as T
 
+    typed, layout = layout, LAYOUT_LETTERS.get(layout, layout)  # a letter: the layout's first name
     roots = [store.results_root(results)] + [Path(a) for a in also]
     for root in roots:
         _check_results_root(root)
@@ -374,11 +443,11 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
                 raise UserError(f"--metric: no runs recorded {sorted(unknown)}")
         ours_datasets = set(long["dataset"])
         shown = agg[agg["dataset"].isin(ours_datasets) if not dataset else agg["dataset"] == dataset]
-        if layout == "a":
+        if layout == "eps-rows":
             tab = T.layout_a(shown, chosen)
-        elif layout == "d":
+        elif layout == "eps-columns":
             tab = T.layout_d(shown, chosen)
-        elif layout == "b":
+        elif layout == "one-setting":
             dataset = dataset or sorted(long["dataset"].unique())[0]
             tab = T.layout_b(agg, dataset, eps)
         elif layout == "tiers":
@@ -389,7 +458,7 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
         else:
             tab = T.layout_c(agg, dataset)
     if not tab.rows:
-        raise UserError(_nothing_to_report(layout, long, dataset, eps))
+        raise UserError(_nothing_to_report(typed, long, dataset, eps))
     text = T.RENDERERS[fmt](tab)
     if fmt == "csv":  # CSV has no room for notes: the ‡ cells are explained on stderr
         for note in tab.notes:
@@ -442,14 +511,16 @@ def _check_writable(directory: Path, what: str) -> None:
 
 
 def _nothing_to_report(layout: str, long, dataset: str | None, eps: float | None) -> str:
+    """Why ``layout`` (as typed: a name, or its letter) has no rows."""
     have = ", ".join(sorted(long["dataset"].unique()))
-    if layout == "c":
+    kind = LAYOUT_LETTERS.get(layout, layout)
+    if kind == "mia":
         where = f" on {dataset}" if dataset else ""
-        return (f"layout c shows membership inference, and no run{where} has an mia_auc_* metric: run with "
+        return (f"layout {layout} shows membership inference, and no run{where} has an mia_auc_* metric: run with "
                 "--members N --eval mia_auc_full_black_box (or another mia_auc_* evaluator)")
-    if layout == "audit":
+    if kind == "audit":
         return "layout audit shows bench audit's lower bounds, and no run here has an audit.json: run bench audit"
-    if layout in ("b", "tiers"):
+    if kind in ("one-setting", "tiers"):
         at = f" at ε = {eps:g}" if eps is not None else ""
         return f"layout {layout}: no completed run on {dataset}{at} (datasets with runs: {have})"
     if dataset:
@@ -512,6 +583,42 @@ def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, e
             click.echo(T.render_markdown(T.layout_a(T.aggregate(long))), nl=False)
     if counts["failed"]:
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------- claims
+
+
+@cli.command()
+@click.argument("claims_file", required=False)
+@click.option("--run", "run_missing", is_flag=True, help="Run the cells without a complete record first.")
+@click.option("--jobs", type=int, default=2, help="Local worker processes for --run.")
+@click.option("--results", default=None,
+              help="Root of the claims' run directories [default: the file's `results`, e.g. results/claims].")
+@click.option("--also", "also", multiple=True, metavar="DIR",
+              help="Further roots of committed records that count as runs of their cells, beside the file's "
+                   "`also_results`; repeatable.")
+@click.option("--out", default=None, help="The file to write [default: CLAIMS.md beside CLAIMS_FILE].")
+@click.option("--dataset", "datasets", default=None,
+              help="Comma-separated datasets to run and render [default: every dataset of the file]; the other "
+                   "datasets' blocks in --out are kept as they are.")
+@click.option("--only", default=None,
+              help="Comma-separated claim ids: run and re-render those claims' sections only; the other sections "
+                   "of each block are kept as they are.")
+@click.option("--require-commit", "require_commit", default=None, metavar="REV",
+              help="Records made by code without git commit REV (a fix made since) count as missing: --run runs "
+                   "them again (the old directory kept as .stale-…), a render leaves them out.")
+@click.option("--figures", default=None, metavar="DIR",
+              help="Also draw each rendered claim's figures from its own records, in DIR/<claim>-<dataset>/.")
+def claims(claims_file, run_missing, jobs, results, also, out, datasets, only, require_commit, figures):
+    """Check papers' claims against run records.
+
+    CLAIMS_FILE (default benchmarks/claims.yaml) holds the claims as data: each with its arms
+    (bench sweep grids) and expectations. Writes each claim's numbers and verdict per dataset
+    (CLAIMS.md); the file's paths are relative to the working directory."""
+    from .claims import DEFAULT_FILE, run_claims
+
+    run_claims(claims_file or DEFAULT_FILE, results=results, also=also, out=out, run=run_missing, jobs=jobs,
+               require_commit=require_commit, datasets=datasets, only=only, figures=figures)
 
 
 def main() -> None:  # console-script entry point

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import registry
+from . import registry, settings
 from .errors import UserError
 from .registry import suggest
 
@@ -71,7 +71,7 @@ class RunConfig:
         d["epsilon"] = float(d["epsilon"])
         d["evaluators"] = tuple(d.get("evaluators", DEFAULT_EVALUATORS))
         d.setdefault("eval_split", "test")  # records written before --eval-split existed
-        d["hparams"] = current_hparams(d["method"], d.get("hparams") or {})  # records from before a rename
+        d["hparams"] = recorded_hparams(d["method"], d.get("hparams") or {})  # records from before a rename
         return cls(**d)
 
 
@@ -115,6 +115,9 @@ def no_preset_message(method_cls: type, preset: str, dataset: str) -> str:
 
 # settings that do not change what a run trains on or how: left out of its random streams' key
 _NOT_IN_STREAM_KEY = ("seed", "device", "evaluators", "samples_per_class", "noise_off")
+# hparams that only post-process the trained iterates (the weight average's warm-up): runs that
+# differ in them train the same iterates on the same batches and noise, a paired comparison
+_HPARAMS_NOT_IN_STREAM_KEY = ("ema_warmup",)
 
 
 def stream_key(config: "RunConfig") -> str:
@@ -124,7 +127,8 @@ def stream_key(config: "RunConfig") -> str:
     run (same config) draws the same. ``--noise-off`` is left out: its run is the noisy
     run's pipeline with σ = 0, on the same batches (and releases nothing private)."""
     d = {k: v for k, v in config.to_json().items() if k not in _NOT_IN_STREAM_KEY}
-    d["hparams"] = hashed_hparams(config.method, config.hparams)
+    d["hparams"] = {k: v for k, v in hashed_hparams(config.method, config.hparams).items()
+                    if k not in _HPARAMS_NOT_IN_STREAM_KEY}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -140,6 +144,14 @@ def current_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
     record, ``--set`` or a config file from before a rename)."""
     renamed = _method_attribute(method, "renamed_hparams")
     return {renamed.get(k, k): v for k, v in hparams.items()}
+
+
+def recorded_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """A record's ``hparams`` under their current names, with each of the method's
+    ``late_hparams`` it lacks at its "as before" value: a record made before a setting existed
+    was made as that value says (dpgan's ``ema_warmup="none"``), whatever today's default is."""
+    late = _method_attribute(method, "late_hparams")
+    return {**late, **current_hparams(method, hparams)} if late else current_hparams(method, hparams)
 
 
 def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
@@ -234,9 +246,10 @@ def _type_name(a: Any) -> str:
 
 def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict[str, Any],
                     sources: dict[str, str] | None = None):
-    """Defaults < preset < overrides; unknown keys and wrong types are user errors that
-    name where the setting came from (``sources``: key -> ``--set`` / ``--config FILE`` /
-    ``hparams``; default ``--set``)."""
+    """Defaults < preset < overrides; unknown keys, wrong types and values outside a
+    setting's declared range (``settings.check_settings``, defaults included) are user
+    errors that name where the setting came from (``sources``: key -> ``--set`` /
+    ``--config FILE`` / ``hparams``; default ``--set``)."""
     fields = hparam_fields(method_cls.Hparams)
     values = preset_overrides(method_cls, preset, dataset)
     renamed = getattr(method_cls, "renamed_hparams", {})
@@ -253,6 +266,9 @@ def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict
         values[key] = value
         where[key] = source
     coerced = {k: coerce(k, v, fields[k], where[k]) for k, v in values.items()}
+    given = {k: v for k, v in settings.defaults(method_cls.Hparams).items() if k not in coerced}
+    settings.check_settings(method_cls, {**given, **coerced}, {**{k: f"'{method_cls.name}' default" for k in given},
+                                                               **where})
     try:
         hp = method_cls.Hparams(**coerced)
     except (TypeError, ValueError) as e:

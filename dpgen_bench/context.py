@@ -20,9 +20,11 @@ from . import store
 from .api import PrivacyPart, RunContext
 from .errors import Interrupted
 from .privacy.ledger import PrivacyLedger
+from .privacy.telemetry import GradientTelemetry
 
 RESUME_FILE = "resume.pt"
-CHECKPOINT_FORMAT = 2  # resume.pt layout: {"format", "method", "ledger", "rng", "time", "device"}
+# resume.pt layout: {"format", "method", "ledger", "rng", "time", "device"} and, optional, "telemetry"
+CHECKPOINT_FORMAT = 2
 log = logging.getLogger("dpgen_bench")
 
 
@@ -113,6 +115,9 @@ class TrainingContext(RunContext):
         self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
         self._t0 = self._last_checkpoint = time.time()
         self._checkpoint_seconds = 0.0  # how long the last checkpoint took to write
+        self.telemetry = GradientTelemetry()  # measured gradient norms: a diagnostic (privacy.telemetry)
+        if resume and resume.get("telemetry"):
+            self.telemetry.load_state_dict(resume["telemetry"])
         if resume:
             for name, taken in resume["ledger"].items():
                 if taken:
@@ -129,6 +134,10 @@ class TrainingContext(RunContext):
     def watch(self, part: str, mechanism: Any) -> None:
         if self.audit is not None:
             self.audit.watch(part, self.part(part), mechanism)
+
+    def observe(self, part: str, *, norms, clip: float, clipped_sum_norm: float, noise_norm: float) -> None:
+        self.telemetry.observe(part, norms=norms, clip=clip, clipped_sum_norm=clipped_sum_norm,
+                               noise_norm=noise_norm)
 
     # --------------------------------------------------------------- randomness
 
@@ -191,7 +200,8 @@ class TrainingContext(RunContext):
         t = time.time()
         with store.atomic_open(self.run_dir / RESUME_FILE) as f:
             torch.save({"format": CHECKPOINT_FORMAT, "method": state, "ledger": dict(self.ledger.taken),
-                        "rng": self._rng_state(), "time": time.time(), "device": self.device.type}, f)
+                        "rng": self._rng_state(), "time": time.time(), "device": self.device.type,
+                        "telemetry": self.telemetry.state_dict()}, f)
         self._last_checkpoint = time.time()
         self._checkpoint_seconds = self._last_checkpoint - t
         if self.stop_requested is not None:
@@ -208,8 +218,9 @@ class TrainingContext(RunContext):
         return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)
 
     def record(self, **values: Any) -> None:
+        gradients = self.telemetry.window()  # the private parts' steps since the last line
         if self._train_log:
-            values = {"time": round(time.time() - self._t0, 3), **values}
+            values = {"time": round(time.time() - self._t0, 3), **values, **({"gradients": gradients} if gradients else {})}
             self._train_log.write(store.json_line(values))
             self._train_log.flush()
 

@@ -15,3 +15,8 @@ class PrivacyViolation(RuntimeError):
 
 class Interrupted(Exception):
     """The run was stopped by a signal after writing a checkpoint."""
+
+
+class SettingOutOfRange(UserError, ValueError):
+    """A method setting outside the range its ``Hparams`` declares (``dpgen_bench.settings``):
+    a user error on the command line, a ValueError where code builds the settings."""

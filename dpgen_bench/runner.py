@@ -34,6 +34,7 @@ from .data.standard import standard_split
 from .errors import BudgetTooLow, Interrupted, PrivacyViolation, UserError
 from .privacy.accounting import reachability_only
 from .privacy.ledger import PrivacyLedger
+from .settings import as_recorded
 
 log = logging.getLogger("dpgen_bench")
 
@@ -197,7 +198,15 @@ def _calibrate(config: RunConfig, method_cls: type, budget: Budget, info: DataIn
 
 def build_method(config: RunConfig, method_cls: type, info: DataInfo) -> Method:
     seed_everything(config.seed)  # methods build (and initialise) their networks here: same seed, same run
-    return method_cls(method_cls.Hparams(**config.hparams), info)
+    return method_cls(method_settings(method_cls, config.hparams), info)
+
+
+def method_settings(method_cls: type, hparams: dict[str, Any]) -> Any:
+    """A run's settings as the method's ``Hparams``. Their declared ranges were checked when the
+    config was built (``config.build_config``), not here: a record made before a range was
+    declared still loads (``bench eval``, ``--resume``)."""
+    with as_recorded():
+        return method_cls.Hparams(**hparams)
 
 
 @dataclasses.dataclass
@@ -367,6 +376,28 @@ def resume_config(run_dir: Path) -> RunConfig:
     return RunConfig.from_json(raw)
 
 
+def tf32_for(p: Prepared) -> bool:
+    """Whether the run's training may use TF32 (``DPGEN_ALLOW_TF32=1`` on CUDA)."""
+    return numerics.tf32_allowed() and p.device.type == "cuda"
+
+
+def run_caveat(p: Prepared) -> str | None:
+    """The ε caveat the run of ``p`` adds to its ledger's own in privacy.json: the method's
+    (``Method.accounting_caveat``: a paper's own accounting) and TF32's (``numerics.TF32_CAVEAT``);
+    None when its ε is a DP guarantee. ``bench run --dry-run`` shows it in the plan."""
+    if not p.budget.private:
+        return None
+    parts = (p.method.accounting_caveat(), numerics.TF32_CAVEAT if tf32_for(p) else None)
+    return "; ".join(filter(None, parts)) or None
+
+
+def with_caveat(report: PrivacyReport, caveat: str | None) -> PrivacyReport:
+    """``report`` with ``caveat`` (``run_caveat``) joined to its own."""
+    if not caveat:
+        return report
+    return dataclasses.replace(report, caveat="; ".join(filter(None, (report.caveat, caveat))))
+
+
 def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dict[str, Any]:
     """Train, record privacy, sample, evaluate; ``audit``: a ``privacy.canaries.GradientAudit``
     that places its canaries in every part the method announces (``bench audit --white-box``)."""
@@ -392,10 +423,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         with store.atomic_open(run_dir / "canaries.npz") as f:
             np.savez(f, included=p.data.canary_included, labels=p.data.canaries.labels.cpu().numpy())
 
-    allow_tf32 = numerics.tf32_allowed() and p.device.type == "cuda"
-    caveat = p.method.accounting_caveat() if p.budget.private else None
-    if allow_tf32 and p.budget.private:
-        caveat = "; ".join(filter(None, (caveat, numerics.TF32_CAVEAT)))
+    allow_tf32 = tf32_for(p)
+    caveat = run_caveat(p)
     if caveat:  # said before training, not only in the record at the end
         log.warning("ε caveat: %s", caveat)
     if p.ledger.noise_off:
@@ -420,8 +449,9 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         peak_gib = torch.cuda.max_memory_allocated(p.device) / 2**30 if p.device.type == "cuda" else None
         report = p.ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
-        if caveat:
-            report = dataclasses.replace(report, caveat="; ".join(filter(None, (report.caveat, caveat))))
+        if ctx.telemetry.summary():  # measured gradient norms: a diagnostic beside the accounting
+            report = dataclasses.replace(report, telemetry=ctx.telemetry.summary())
+        report = with_caveat(report, caveat)
         store.write_json(run_dir / "privacy.json", report.to_json())
         with store.atomic_open(run_dir / "checkpoint.pt") as f:
             torch.save(p.method.state_dict(), f)
@@ -560,7 +590,7 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
         data = dataclasses.replace(data, train=data.train.subset(m["member_indices"]),
                                    member_indices=m["member_indices"], nonmember_indices=m["nonmember_indices"])
     info = DataInfo(data.name, data.image_shape, data.num_classes, len(data.train))
-    method = method_cls(method_cls.Hparams(**cfg.hparams), info)
+    method = method_cls(method_settings(method_cls, cfg.hparams), info)
     check_method_evaluators(cfg, method)
     try:
         state = torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu")

@@ -74,6 +74,7 @@ preset's hour at ε ∈ {1, 10, 100} and without noise is CLAIMS.md's `mnist-lon
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,7 @@ from torch import nn
 
 from dpgen_bench.api import Split
 from dpgen_bench.nets.projection import conv_trunk, trunk_features
+from dpgen_bench.settings import Interval, NonNegativeInt, PositiveFloat, PositiveInt
 
 from .gswgan import GSWGAN, GSWGANHparams
 
@@ -99,21 +101,13 @@ class AuxiliaryClassifier(nn.Module):
 
 @dataclass(frozen=True)
 class DPACHparams(GSWGANHparams):
-    t_c: int = 6000  # generator iteration from which C is used (MNIST/F-MNIST, §5.4)
-    n_f: int = 10  # C steps on generated data per generator iteration
-    n_r: int = 10  # C steps on real data (from d_k) per generator iteration
-    beta: float = 0.8  # weight of D's feedback; 1 − β for C's
-    c_width: int = 64
-    lr_c: float = 1e-3
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.t_c < 0 or self.n_f < 0 or self.n_r < 0:
-            raise ValueError("t_c, n_f and n_r must be ≥ 0")
-        if not 0 <= self.beta <= 1:
-            raise ValueError("beta must be in [0, 1]")
-        if self.c_width < 1:
-            raise ValueError("c_width must be ≥ 1")
+    t_c: NonNegativeInt = 6000  # generator iteration from which C is used (MNIST/F-MNIST, §5.4)
+    n_f: NonNegativeInt = 10  # C steps on generated data per generator iteration
+    n_r: NonNegativeInt = 10  # C steps on real data (from d_k) per generator iteration
+    beta: Annotated[float, Interval(0, 1)] = 0.8  # weight of D's feedback; 1 − β for C's
+    c_width: PositiveInt = 64
+    lr_c: PositiveFloat = 1e-3
+    # every range above is checked by GSWGANHparams.__post_init__ (check_declared reads this class)
 
 
 _GS = GSWGAN.presets

@@ -105,6 +105,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -112,13 +113,15 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
-from dpgen_bench.nets.averaging import update_average
+from dpgen_bench.nets.averaging import EmaWarmup, update_average
 from dpgen_bench.nets.unet import ConditionalUNet
 from dpgen_bench.privacy import (calibrate_noise, dpsgd_noise_to_signal, parameter_count, release_noise_to_signal,
                                  steps_and_noise)
 from dpgen_bench.privacy.accounting import calibrate_beside
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_chunk
 from dpgen_bench.privacy.release import GaussianRelease
+from dpgen_bench.settings import (Decay, Finite, Interval, NonNegativeFloat, NonNegativeInt, PositiveFloat,
+                                  PositiveInt, check_declared)
 
 PART = "denoiser"
 CENTRAL = "central"
@@ -129,68 +132,57 @@ WARMUPS = ("none", "central")
 
 @dataclass(frozen=True)
 class DPDMHparams:
-    batch_size: int = 4096  # expected examples per step B (Poisson); each gives K rows
-    noise_multiplicity: int = 32  # K
-    steps: int | None = None  # T; σ_DP calibrated from it
-    noise_multiplier: float | None = None  # σ_DP fixed; T from the budget
-    max_grad_norm: float = 1.0  # C
-    lr: float = 3e-4
-    ema_decay: float = 0.999
-    nf: int = 32
-    ch_mult: tuple[int, ...] = (1, 2, 2)
-    num_res_blocks: int = 2
-    attn_resolutions: tuple[int, ...] = (7,)
-    dropout: float = 0.0
-    p_mean: float = -1.2
-    p_std: float = 1.2
+    batch_size: PositiveInt = 4096  # expected examples per step B (Poisson); each gives K rows
+    noise_multiplicity: PositiveInt = 32  # K
+    steps: PositiveInt | None = None  # T; σ_DP calibrated from it
+    noise_multiplier: PositiveFloat | None = None  # σ_DP fixed; T from the budget
+    max_grad_norm: PositiveFloat = 1.0  # C
+    lr: PositiveFloat = 3e-4
+    ema_decay: Decay = 0.999
+    # how the average starts (dpgen_bench/nets/averaging.py): bias-corrected keeps none of the
+    # net's initial weights; "none" (records before it) keeps β^T of them
+    ema_warmup: EmaWarmup = "bias-corrected"
+    nf: PositiveInt = 32
+    ch_mult: tuple[PositiveInt, ...] = (1, 2, 2)
+    num_res_blocks: PositiveInt = 2
+    attn_resolutions: tuple[PositiveInt, ...] = (7,)
+    dropout: Annotated[float, Interval(0, 1, "[)")] = 0.0
+    p_mean: Annotated[float, Finite()] = -1.2  # log σ of training noise levels ~ N(p_mean, p_std²): any sign
+    p_std: PositiveFloat = 1.2
     sampler: str = "heun"  # "heun": EDM's Heun (2N − 1 evaluations); "euler": the authors' "ddim" (N)
-    sampler_steps: int = 18  # N: points of the ρ schedule from σ_max to σ_min
-    sigma_min: float = 0.002
-    sigma_max: float = 80.0
-    rho: float = 7.0
-    s_churn: float = 0.0  # 0: deterministic Heun
-    s_tmin: float = 0.05
-    s_tmax: float = 50.0
-    s_noise: float = 1.003
-    log_every: int = 50
-    max_physical_batch: int | None = None  # examples (K rows each) per chunk of a step; None: one pass
+    sampler_steps: PositiveInt = 18  # N: points of the ρ schedule from σ_max to σ_min
+    sigma_min: PositiveFloat = 0.002
+    sigma_max: PositiveFloat = 80.0
+    rho: PositiveFloat = 7.0
+    s_churn: NonNegativeFloat = 0.0  # 0: deterministic Heun
+    s_tmin: NonNegativeFloat = 0.05
+    s_tmax: NonNegativeFloat = 50.0
+    s_noise: NonNegativeFloat = 1.003
+    log_every: PositiveInt = 50
+    max_physical_batch: PositiveInt | None = None  # examples (K rows each) per chunk of a step; None: one pass
     # DP-FETA's warm start (module docstring): "central" pretrains on noisy class means first
     warmup: str = "none"
-    central_batch: int = 6000  # expected records per central-image query (Poisson, rate central_batch/N)
-    central_queries: int = 5  # queries, each one noisy image per class
-    central_sigma: float = 5.0  # noise multiplier of each query (std central_sigma·Δ)
-    central_share: float | None = None  # instead of central_sigma: σ calibrated so the queries spend this share of ε
-    central_downsample: int = 2  # average-pooling factor before the release
-    warmup_steps: int = 2000
-    warmup_batch: int = 50
-    warmup_lr: float = 3e-4
+    central_batch: PositiveInt = 6000  # expected records per central-image query (Poisson, rate central_batch/N)
+    central_queries: PositiveInt = 5  # queries, each one noisy image per class
+    central_sigma: PositiveFloat = 5.0  # noise multiplier of each query (std central_sigma·Δ)
+    # instead of central_sigma: σ calibrated so that the queries spend this share of ε
+    central_share: Annotated[float, Interval(0, 1, "()")] | None = None
+    central_downsample: PositiveInt = 2  # average-pooling factor before the release
+    warmup_steps: NonNegativeInt = 2000
+    warmup_batch: PositiveInt = 50
+    warmup_lr: PositiveFloat = 3e-4
     warmup_augment: bool = True  # RandAugment (2 ops, magnitude 1..9) on every central image drawn
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be ≥ 1")
-        if self.noise_multiplicity < 1:
-            raise ValueError("noise_multiplicity must be ≥ 1")
-        if self.max_grad_norm <= 0:
-            raise ValueError("max_grad_norm must be > 0")
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError("ema_decay must be in [0, 1)")
-        if self.sampler_steps < 1:
-            raise ValueError("sampler_steps must be ≥ 1")
+        check_declared(self)
+        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
+            object.__setattr__(self, "ema_warmup", "none")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}")
-        if self.max_physical_batch is not None and self.max_physical_batch < 1:
-            raise ValueError("max_physical_batch must be ≥ 1 (or None: the whole batch)")
         if self.warmup not in WARMUPS:
             raise ValueError(f"warmup must be one of {', '.join(WARMUPS)}")
-        if self.central_batch < 1 or self.central_queries < 1 or self.central_downsample < 1:
-            raise ValueError("central_batch, central_queries and central_downsample must be ≥ 1")
-        if not self.central_sigma > 0:
-            raise ValueError("central_sigma must be > 0")
-        if self.central_share is not None and not 0 < self.central_share < 1:
-            raise ValueError("central_share must be in (0, 1) (or None: central_sigma fixes the noise)")
-        if self.warmup_steps < 0 or self.warmup_batch < 1 or not self.warmup_lr > 0:
-            raise ValueError("warmup_steps must be ≥ 0, warmup_batch ≥ 1 and warmup_lr > 0")
+        if not self.sigma_min < self.sigma_max:
+            raise ValueError(f"sigma_min ({self.sigma_min}) must be below sigma_max ({self.sigma_max})")
         object.__setattr__(self, "ch_mult", tuple(int(c) for c in self.ch_mult))
         object.__setattr__(self, "attn_resolutions", tuple(int(r) for r in self.attn_resolutions))
 
@@ -337,7 +329,7 @@ class DPDM(Method):
     Hparams = DPDMHparams
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch"}
     # DP-FETA's warm start came after the first dpdm runs: at these values a run is as before
-    late_hparams = {f.name: f.default for f in dataclasses.fields(DPDMHparams)
+    late_hparams = {"ema_warmup": "none"} | {f.name: f.default for f in dataclasses.fields(DPDMHparams)
                     if f.name in ("warmup", "central_batch", "central_queries", "central_sigma", "central_share",
                                   "central_downsample", "warmup_steps", "warmup_batch", "warmup_lr", "warmup_augment")}
     presets = {
@@ -490,7 +482,7 @@ class DPDM(Method):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                update_average(self.ema, self.net, self.hparams.ema_decay)
+                update_average(self.ema, self.net, h.ema_decay, t, h.ema_warmup)
                 bar.update(1)
                 if t % h.log_every == 0 or t == h.warmup_steps:
                     ctx.record(step=t, warmup_loss=loss.item())
@@ -578,7 +570,7 @@ class DPDM(Method):
             else:
                 loss_sum += self._step(net, opt, train, idx, diff_gen)
                 seen += 1
-            update_average(self.ema, self.net, self.hparams.ema_decay)
+            update_average(self.ema, self.net, h.ema_decay, t, h.ema_warmup)
             bar.update(1)
             if t % h.log_every == 0 or t == total:
                 ctx.record(step=t, loss=loss_sum / max(seen, 1))

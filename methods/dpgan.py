@@ -37,7 +37,8 @@ Departures from the paper:
   uniform over classes, as in their code.
 - ``ema_decay`` (off unless set; of the presets only the ``long`` ones set it): the samples
   come from an exponential moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
-  as DPDM and EDM do for their networks; not in the paper. No privacy cost: the average
+  as DPDM and EDM do for their networks, bias-corrected so that none of G's initial weights survive
+  (``ema_warmup``, ``dpgen_bench/nets/averaging.py``); not in the paper. No privacy cost: the average
   is a function of G's iterates, themselves post-processing of D's noised gradients.
 - ``quick`` presets (digits, CPU) shrink widths, steps and the EMA horizon (β = 0.95,
   grace 40), and raise both learning rates to 1e-3 (tuned on digits); training takes
@@ -53,17 +54,18 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.nets.averaging import update_average
+from dpgen_bench.nets.averaging import EmaWarmup, update_average
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, steps_and_noise
 from dpgen_bench.privacy.dpsgd import make_private, poisson_batch, private_chunk
+from dpgen_bench.settings import Decay, Ge, Interval, PositiveFloat, PositiveInt, check_declared
 
 N_D_SCHEDULE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 PART = "discriminator"
@@ -106,22 +108,22 @@ class AdaptiveNd:
 
 @dataclass(frozen=True)
 class DPGANHparams:
-    batch_size: int = 128  # expected real batch size B (Poisson); B fakes are added
-    n_d: int | Literal["adaptive"] = 1
-    adaptive_threshold: float = 0.6  # d
+    batch_size: PositiveInt = 128  # expected real batch size B (Poisson); B fakes are added
+    n_d: PositiveInt | Literal["adaptive"] = 1
+    adaptive_threshold: Annotated[float, Interval(0, 1)] = 0.6  # d
     threshold_by_epsilon: str | None = None  # "ε:d,ε:d" (authors' configs; nearest ε in log scale)
-    adaptive_beta: float = 0.99
-    adaptive_grace: int | None = None  # G steps; default 2/(1-β)
-    d_width: int = 128  # d_D of the paper
-    g_width: int = 128
-    latent_dim: int = 128
-    lr_d: float = 2e-4
-    lr_g: float = 2e-4
-    beta1: float = 0.5
-    beta2: float = 0.999
-    max_grad_norm: float = 1.0  # C
-    steps: int | None = None  # T, number of D steps; σ calibrated from it
-    noise_multiplier: float | None = None  # σ fixed; T derived from the budget
+    adaptive_beta: Annotated[float, Interval(0, 1, "()")] = 0.99
+    adaptive_grace: PositiveInt | None = None  # G steps; default 2/(1-β)
+    d_width: PositiveInt = 128  # d_D of the paper
+    g_width: PositiveInt = 128
+    latent_dim: PositiveInt = 128
+    lr_d: PositiveFloat = 2e-4
+    lr_g: PositiveFloat = 2e-4
+    beta1: Decay = 0.5
+    beta2: Decay = 0.999
+    max_grad_norm: PositiveFloat = 1.0  # C
+    steps: PositiveInt | None = None  # T, number of D steps; σ calibrated from it
+    noise_multiplier: PositiveFloat | None = None  # σ fixed; T derived from the budget
     noise_by_epsilon: str | None = None  # "ε:σ,ε:σ" (paper's table; nearest ε in log scale)
     # how D's per-example gradients are clipped: every mode gives the same update
     # (tests/unit/test_fastclip.py); bk (one backward pass, mixed ghost norms) is the fastest
@@ -130,25 +132,19 @@ class DPGANHparams:
     # rows (real + fake) per forward/backward; None: the whole batch in one. Changes the
     # memory a D step needs, never the update (see DPGAN._d_step); the authors' code has
     # the same knob (``max_physical_bsz``)
-    max_physical_batch: int | None = None
-    log_every: int = 25  # G steps between train.jsonl lines
+    max_physical_batch: Annotated[int, Ge(2)] | None = None
+    log_every: PositiveInt = 25  # G steps between train.jsonl lines
     # exponential moving average of G's weights (β per G step; 0: off, the paper's G). The
     # samples come from the average: a function of G's iterates, so of no privacy cost
-    ema_decay: float = 0.0
+    ema_decay: Decay = 0.0
+    # how the average starts (dpgen_bench/nets/averaging.py): bias-corrected keeps none of G's
+    # initial weights; "none" (records before it) keeps β^T of them. Without an average: "none"
+    ema_warmup: EmaWarmup = "bias-corrected"
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be ≥ 1")
-        if isinstance(self.n_d, int) and self.n_d < 1:
-            raise ValueError("n_d must be ≥ 1 or 'adaptive'")
-        if not 0 < self.adaptive_beta < 1:
-            raise ValueError("adaptive_beta must be in (0, 1)")
-        if self.max_grad_norm <= 0:
-            raise ValueError("max_grad_norm must be > 0")
-        if self.max_physical_batch is not None and self.max_physical_batch < 2:
-            raise ValueError("max_physical_batch must be ≥ 2 (or None: the whole batch)")
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError("ema_decay must be in [0, 1) (0: no average)")
+        check_declared(self)
+        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
+            object.__setattr__(self, "ema_warmup", "none")
 
 
 def _value_from_table(table: str, epsilon: float) -> float:
@@ -170,7 +166,7 @@ class DPGAN(ConditionalSampling, Method):
     # same update either way (tests/unit/test_dpgan_step.py checks both)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"max_physical_batch", "grad_sample_mode"}
     # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
-    late_hparams = {"ema_decay": 0.0}
+    late_hparams = {"ema_decay": 0.0, "ema_warmup": "none"}
     renamed_hparams = {"width": "d_width", "g_ema": "ema_decay"}  # one name per concept across methods
     presets = {
         "quick": {
@@ -337,7 +333,7 @@ class DPGAN(ConditionalSampling, Method):
             fake_acc = self._fake_accuracy(dev) if (self.scheduler or logged) else None
             g_loss = self._g_step(D, opt_g, dev)
             if self.G_ema is not None:
-                update_average(self.G_ema, self.G, self.hparams.ema_decay)
+                update_average(self.G_ema, self.G, h.ema_decay, g_steps + 1, h.ema_warmup)
             g_steps += 1
             changed = self.scheduler.observe(fake_acc) if self.scheduler else False
             if changed or logged:

@@ -109,6 +109,7 @@ from dpgen_bench.nets.dcgan import conditional_generator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.dpsgd import poisson_batch
+from dpgen_bench.settings import PositiveFloat, PositiveInt, check_declared
 
 PART = "mean_embedding"
 JITTER_START = 1e-10  # × mean(diag C): the first jitter tried; ×10 until Cholesky succeeds
@@ -116,27 +117,19 @@ JITTER_START = 1e-10  # × mean(diag C): the first jitter tried; ×10 until Chol
 
 @dataclass(frozen=True)
 class DPKernelHparams:
-    batch_size: int = 60  # expected real batch B (Poisson, q = B/N); f_S is divided by B
-    gen_batch_size: int = 60  # M generated points per step (labels balanced over classes)
-    steps: int | None = 200_002  # T; σ calibrated from it
-    noise_multiplier: float | None = None  # σ fixed instead; T: as many steps as the target allows
+    batch_size: PositiveInt = 60  # expected real batch B (Poisson, q = B/N); f_S is divided by B
+    gen_batch_size: PositiveInt = 60  # M generated points per step (labels balanced over classes)
+    steps: PositiveInt | None = 200_002  # T; σ calibrated from it
+    noise_multiplier: PositiveFloat | None = None  # σ fixed instead; T: as many steps as the target allows
     bandwidths: str = "1,2,4,8,16"  # the kernel's Gaussian widths s (pixels in [-1, 1])
-    lr: float = 5e-5  # RMSprop
-    latent_dim: int = 60
-    g_width: int = 64
+    lr: PositiveFloat = 5e-5  # RMSprop
+    latent_dim: PositiveInt = 60
+    g_width: PositiveInt = 64
     gp_noise: Literal["sound", "dpimagebench"] = "sound"  # dpimagebench: a diagnostic, ε not a guarantee
-    log_every: int = 100
+    log_every: PositiveInt = 100
 
     def __post_init__(self):
-        for name in ("batch_size", "gen_batch_size", "latent_dim", "g_width", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError("steps must be ≥ 1")
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            raise ValueError("noise_multiplier must be > 0")
-        if not self.lr > 0:
-            raise ValueError("lr must be > 0")
+        check_declared(self)
         if self.gp_noise not in ("sound", "dpimagebench"):
             raise ValueError("gp_noise must be 'sound' or 'dpimagebench'")
         self.widths()
@@ -146,8 +139,8 @@ class DPKernelHparams:
             w = tuple(float(s) for s in str(self.bandwidths).split(","))
         except ValueError:
             raise ValueError(f"bandwidths must be comma-separated numbers, got {self.bandwidths!r}") from None
-        if not w or min(w) <= 0:
-            raise ValueError("bandwidths must be positive numbers")
+        if not w or not all(0 < s < math.inf for s in w):
+            raise ValueError("bandwidths must be positive finite numbers")
         return w
 
 
@@ -376,6 +369,11 @@ class DPKernel(ConditionalSampling, Method):
         ctx.spend(PART)  # counted before the noise exists
         scale = ctx.part(PART).noise_multiplier * self.sensitivity  # σΔ: the GP's covariance is (σΔ)²·k
         n_val, n_grad = gp_draw(y, labels, w, scale, noise)
+        observe = getattr(ctx, "observe", None)
+        if observe is not None:  # telemetry (privacy.telemetry): the exact witness against the GP draw's norm
+            observe(PART, norms=None, clip=self.sensitivity,
+                    clipped_sum_norm=float(torch.cat([f_val.flatten(), f_grad.flatten()]).norm()),
+                    noise_norm=float(torch.cat([n_val[0].flatten(), n_grad[0].flatten()]).norm()))
         return f_val + n_val[0].to(f_val.dtype), f_grad + n_grad[0].to(f_grad.dtype)
 
     def _sound_step(self, real: Split, ctx: RunContext, sigma: float, latent: torch.Generator,

@@ -38,24 +38,22 @@ from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, S
 from dpgen_bench.privacy import release_noise_to_signal
 from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
+from dpgen_bench.settings import NonNegativeFloat, PositiveFloat, check_declared
 
 SUMS, COUNTS, SQUARES = "class_sums", "class_counts", "class_squares"
 
 
 @dataclass(frozen=True)
 class DPMeanHparams:
-    max_grad_norm: float = 4.0  # L2 bound on each image in [0, 1] pixel units
+    max_grad_norm: PositiveFloat = 4.0  # L2 bound on each image in [0, 1] pixel units
     variance: bool = True  # also release per-pixel variances (else samples are mean + fixed noise)
     weights: str = "0.45,0.1,0.45"  # share of the privacy budget (in 1/σ²) of sums, counts, squares
-    min_std: float = 0.05  # floor of the per-pixel std of samples ([0, 1] units); the std without variance
+    min_std: NonNegativeFloat = 0.05  # floor of the per-pixel std of samples ([0, 1] units); the std without variance
 
     def __post_init__(self):
-        if not self.max_grad_norm > 0:
-            raise ValueError("max_grad_norm must be > 0")
-        if not self.min_std >= 0:
-            raise ValueError("min_std must be ≥ 0")
+        check_declared(self)
         w = self.shares()
-        if len(w) != 3 or any(x < 0 for x in w) or w[0] == 0 or w[1] == 0 or (self.variance and w[2] == 0):
+        if len(w) != 3 or not all(0 <= x <= 1 for x in w) or w[0] == 0 or w[1] == 0 or (self.variance and w[2] == 0):
             raise ValueError("weights must be three non-negative numbers (sums, counts, squares); sums and "
                              "counts (and squares with variance) > 0")
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,7 @@ from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import release_noise_to_signal
 from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
+from dpgen_bench.settings import Ge, Interval, PositiveFloat, PositiveInt, check_declared
 
 SUM, COUNT = "embedding_sum", "count"
 GENERATORS = ("dcgan", "authors")
@@ -83,31 +85,26 @@ class AuthorsGenerator(nn.Module):
 
 @dataclass(frozen=True)
 class DPMERFHparams:
-    num_features: int = 10_000  # D (cos and sin of D/2 frequencies)
-    rff_sigma: float = 105.0  # Gaussian kernel σ² (pixels in [0, 1]); frequencies ~ N(0, I / rff_sigma)
+    num_features: Annotated[int, Ge(2)] = 10_000  # D (cos and sin of D/2 frequencies)
+    rff_sigma: PositiveFloat = 105.0  # Gaussian kernel σ² (pixels in [0, 1]); frequencies ~ N(0, I / rff_sigma)
     weights: str = "0.9,0.1"  # share of the privacy budget (in 1/σ²) of the embedding sum and the count
-    batch_size: int = 500
-    epochs: int = 5  # of ⌊n / batch_size⌋ generator steps each
-    lr: float = 0.01
-    lr_decay: float = 0.9  # per epoch
-    latent_dim: int = 5  # the authors' d_code
-    g_width: int = 32  # the DCGAN generator's (generator="dcgan")
+    batch_size: PositiveInt = 500
+    epochs: PositiveInt = 5  # of ⌊n / batch_size⌋ generator steps each
+    lr: PositiveFloat = 0.01
+    lr_decay: Annotated[float, Interval(0, 1, "(]")] = 0.9  # per epoch
+    latent_dim: PositiveInt = 5  # the authors' d_code
+    g_width: PositiveInt = 32  # the DCGAN generator's (generator="dcgan")
     generator: str = "dcgan"  # or "authors": their ConvCondGen (FC 200, two 5×5 convs, batch norm, sigmoid)
-    log_every: int = 50
+    log_every: PositiveInt = 50
 
     def __post_init__(self):
-        if self.num_features < 2 or self.num_features % 2:
-            raise ValueError("num_features must be even and ≥ 2")
-        for name in ("rff_sigma", "lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-        for name in ("batch_size", "epochs", "latent_dim", "g_width", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1")
+        check_declared(self)
+        if self.num_features % 2:
+            raise ValueError("num_features must be even")
         if self.generator not in GENERATORS:
             raise ValueError(f"generator must be one of {', '.join(GENERATORS)}")
         w = self.shares()
-        if len(w) != 2 or min(w) <= 0:
+        if len(w) != 2 or not all(0 < x <= 1 for x in w):
             raise ValueError("weights must be two positive numbers (embedding sum, count)")
 
     def shares(self) -> tuple[float, ...]:

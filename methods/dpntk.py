@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,7 @@ from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import release_noise_to_signal
 from dpgen_bench.privacy.accounting import gaussian_releases, release_shares
 from dpgen_bench.privacy.release import GaussianRelease
+from dpgen_bench.settings import Interval, NonNegativeInt, PositiveFloat, PositiveInt, check_declared
 
 SUM, COUNT = "embedding_sum", "count"
 # floats of per-example features held at once when ``chunk`` is 0 (auto): 16 MiB on a CPU
@@ -99,29 +101,23 @@ AUTO_CHUNK_FLOATS = {"cpu": 2**22, "cuda": 2**28}
 class DPNTKHparams:
     widths: str = "800"  # hidden widths of f: "w" (fc_1l) or "w1,w2" (fc_2l)
     weights: str = "0.9,0.1"  # share of the privacy budget (in 1/σ²) of the embedding sum and the count
-    batch_size: int = 5000  # generator batch B
-    steps: int = 2000  # generator steps
-    lr: float = 0.01
-    lr_decay: float = 0.9
-    decay_every: int = 1500  # StepLR stepped after every step t with t % decay_every == 0 (t from 0)
-    latent_dim: int = 5  # the authors' d_code
-    g_width: int = 32
-    chunk: int = 0  # examples per vmap call (memory only); 0: auto from D and the device
-    log_every: int = 100
+    batch_size: PositiveInt = 5000  # generator batch B
+    steps: PositiveInt = 2000  # generator steps
+    lr: PositiveFloat = 0.01
+    lr_decay: Annotated[float, Interval(0, 1, "(]")] = 0.9
+    decay_every: PositiveInt = 1500  # StepLR stepped after every step t with t % decay_every == 0 (t from 0)
+    latent_dim: PositiveInt = 5  # the authors' d_code
+    g_width: PositiveInt = 32
+    chunk: NonNegativeInt = 0  # examples per vmap call (memory only); 0: auto from D and the device
+    log_every: PositiveInt = 100
 
     def __post_init__(self):
+        check_declared(self)
         w = self.layer_widths()
         if not 1 <= len(w) <= 2 or min(w) < 1:
             raise ValueError("widths must be one or two positive integers, e.g. '800' or '32,256'")
-        if not self.lr > 0 or not 0 < self.lr_decay <= 1:
-            raise ValueError("lr must be > 0 and lr_decay in (0, 1]")
-        for name in ("batch_size", "steps", "decay_every", "latent_dim", "g_width", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1")
-        if self.chunk < 0:
-            raise ValueError("chunk must be ≥ 0 (0: auto)")
         s = self.shares()
-        if len(s) != 2 or min(s) <= 0:
+        if len(s) != 2 or not all(0 < x <= 1 for x in s):
             raise ValueError("weights must be two positive numbers (embedding sum, count)")
 
     def layer_widths(self) -> tuple[int, ...]:

@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +101,8 @@ from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.dpsgd import poisson_batch
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
+from dpgen_bench.settings import (Decay, Interval, NonNegativeFloat, PositiveFloat, PositiveInt,
+                                  check_declared)
 
 PART = "image_gradient"
 COSTS = ("l2", "l1+l2")
@@ -195,6 +197,7 @@ class BatchGradientSanitizer(GradientSanitizer):
         norm = grad.norm()
         self.last_clip_fraction = float(norm.item() > self.max_norm)
         self.last_mean_norm = norm.item()
+        self.last_norms = norm.reshape(1)  # one contribution: the whole matrix, clipped as one
         return grad * (self.max_norm / norm.clamp_min(1e-12)).clamp(max=1.0)
 
 
@@ -203,54 +206,31 @@ class BatchGradientSanitizer(GradientSanitizer):
 
 @dataclass(frozen=True)
 class DPSinkhornHparams:
-    batch_size: int = 50  # B: expected real batch (Poisson, q = B/N) and generated batch
-    steps: int | None = None  # T; σ calibrated from it
-    noise_multiplier: float | None = None  # σ (noise std / 2C); T derived from the budget
-    max_steps: int | None = None  # with noise_multiplier: T = min(max_steps, what the budget allows)
-    max_grad_norm: float = 0.25  # C, on the whole B×d gradient matrix (theirs 0.5 on twice our loss)
-    sinkhorn_eps: float = 0.05  # ε of OT_ε on the cost's scale (geomloss blur^p)
+    batch_size: PositiveInt = 50  # B: expected real batch (Poisson, q = B/N) and generated batch
+    steps: PositiveInt | None = None  # T; σ calibrated from it
+    noise_multiplier: PositiveFloat | None = None  # σ (noise std / 2C); T derived from the budget
+    max_steps: PositiveInt | None = None  # with noise_multiplier: T = min(max_steps, what the budget allows)
+    max_grad_norm: PositiveFloat = 0.25  # C, on the whole B×d gradient matrix (theirs 0.5 on twice our loss)
+    sinkhorn_eps: PositiveFloat = 0.05  # ε of OT_ε on the cost's scale (geomloss blur^p)
     cost: Literal["l2", "l1+l2"] = "l1+l2"
-    l1_weight: float = 1.0  # m of ‖·‖² + m‖·‖₁ (their mixture_fraction; paper's m = 1 or 3)
-    label_weight: float = 15.0  # w: one-hot label × w appended to the pixels (their embed_multiplier)
-    debias_ratio: float = 0.2  # share of X regenerated for the self term X' (0: X' = X)
-    scaling: float = 0.5  # ε-annealing factor per Sinkhorn iteration
-    sinkhorn_iters: int = 10  # iterations at the final ε after annealing
-    lr: float = 1e-5
-    beta1: float = 0.9
-    beta2: float = 0.999
-    weight_decay: float = 1e-5
-    latent_dim: int = 16
-    g_width: int = 64
-    log_every: int = 50
-    torch_threads: int | None = None  # intra-op threads during fit (restored after); None: unchanged
+    l1_weight: NonNegativeFloat = 1.0  # m of ‖·‖² + m‖·‖₁ (their mixture_fraction; paper's m = 1 or 3)
+    label_weight: NonNegativeFloat = 15.0  # w: one-hot label × w appended to the pixels (their embed_multiplier)
+    debias_ratio: Annotated[float, Interval(0, 1)] = 0.2  # share of X regenerated for the self term X' (0: X' = X)
+    scaling: Annotated[float, Interval(0, 1, "()")] = 0.5  # ε-annealing factor per Sinkhorn iteration
+    sinkhorn_iters: PositiveInt = 10  # iterations at the final ε after annealing
+    lr: PositiveFloat = 1e-5
+    beta1: Decay = 0.9
+    beta2: Decay = 0.999
+    weight_decay: NonNegativeFloat = 1e-5
+    latent_dim: PositiveInt = 16
+    g_width: PositiveInt = 64
+    log_every: PositiveInt = 50
+    torch_threads: PositiveInt | None = None  # intra-op threads during fit (restored after); None: unchanged
 
     def __post_init__(self):
-        for name in ("batch_size", "latent_dim", "g_width", "log_every", "sinkhorn_iters"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError("torch_threads must be ≥ 1")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError("steps must be ≥ 1 (or None: derived from noise_multiplier)")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError("max_steps must be ≥ 1 (or None: no cap)")
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            raise ValueError("noise_multiplier must be > 0 (or None: calibrated from steps)")
-        for name in ("max_grad_norm", "sinkhorn_eps", "lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-        for name in ("l1_weight", "label_weight", "weight_decay"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be ≥ 0")
+        check_declared(self)
         if self.cost not in COSTS:
             raise ValueError(f"cost must be one of {COSTS}, got {self.cost!r}")
-        if not 0 <= self.debias_ratio <= 1:
-            raise ValueError("debias_ratio must be in [0, 1]")
-        if not 0 < self.scaling < 1:
-            raise ValueError("scaling must be in (0, 1)")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1)")
 
 
 # the quick preset on digits (see DPSinkhorn.presets for how it was chosen); mnist-5k shortens it
@@ -350,7 +330,8 @@ class DPSinkhorn(ConditionalSampling, Method):
         self.G.to(dev).train()
         opt = torch.optim.Adam(self.G.parameters(), lr=h.lr, betas=(h.beta1, h.beta2), weight_decay=h.weight_decay)
         sanitizer = BatchGradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
-                                           generator=noise_gen, on_release=lambda: ctx.spend(PART))
+                                           generator=noise_gen, on_release=lambda: ctx.spend(PART),
+                                           observe=getattr(ctx, "observe", None), part=PART)
         ctx.watch(PART, sanitizer)
         alt_clip = BatchGradientSanitizer(h.max_grad_norm, 0.0)  # data-independent: clipped, no noise
         r = ctx.restore()

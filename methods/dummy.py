@@ -17,15 +17,16 @@ import torch
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.privacy import calibrate_noise
+from dpgen_bench.settings import NonNegativeInt, PositiveFloat, PositiveInt
 
 PART = "class_sums"
 
 
 @dataclass(frozen=True)
 class DummyHparams:
-    steps: int = 5  # releases of the class sums
-    max_grad_norm: float = 1.0  # L2 bound per image
-    overspend: int = 0  # tests: private steps beyond the plan
+    steps: PositiveInt = 5  # releases of the class sums (a range, declared: bench list settings dummy)
+    max_grad_norm: PositiveFloat = 1.0  # L2 bound per image
+    overspend: NonNegativeInt = 0  # tests: private steps beyond the plan
 
 
 class Dummy(Method):

@@ -150,13 +150,15 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
-from dpgen_bench.nets.averaging import update_average
+from dpgen_bench.nets.averaging import EmaWarmup, update_average
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import steps_and_noise
 from dpgen_bench.privacy.accounting import WOR, WOR_GAUSSIAN
 from dpgen_bench.privacy.sanitizer import GradientSanitizer
+from dpgen_bench.settings import (Decay, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                                  check_declared)
 
 PART = "generator_gradient"
 
@@ -166,45 +168,37 @@ PART = "generator_gradient"
 
 @dataclass(frozen=True)
 class GSWGANHparams:
-    num_discriminators: int = 1000  # K; sampling rate 1/K
-    batch_size: int = 32  # B: real batch per critic step and fakes per generator step
-    n_d: int = 5  # critic steps per generator step (GS-WGAN's critic_iters)
-    steps: int | None = None  # T generator steps; noise calibrated from the target
-    noise_multiplier: float | None = None  # accounted σ = hook noise / (2√B); T derived
-    max_grad_norm: float = 1.0  # C = ζ
-    pretrain_steps: int = 2000  # per discriminator, free (see module docstring)
-    latent_dim: int = 10  # GS-WGAN's z_dim
-    g_width: int = 64  # GS-WGAN's model_dim
-    d_width: int = 64
-    embed_dim: int = 32
+    num_discriminators: PositiveInt = 1000  # K; sampling rate 1/K
+    batch_size: PositiveInt = 32  # B: real batch per critic step and fakes per generator step
+    n_d: PositiveInt = 5  # critic steps per generator step (GS-WGAN's critic_iters)
+    steps: PositiveInt | None = None  # T generator steps; noise calibrated from the target
+    noise_multiplier: PositiveFloat | None = None  # accounted σ = hook noise / (2√B); T derived
+    max_grad_norm: PositiveFloat = 1.0  # C = ζ
+    pretrain_steps: NonNegativeInt = 2000  # per discriminator, free (see module docstring)
+    latent_dim: PositiveInt = 10  # GS-WGAN's z_dim
+    g_width: PositiveInt = 64  # GS-WGAN's model_dim
+    d_width: PositiveInt = 64
+    embed_dim: PositiveInt = 32
     g_spectral_norm: bool = True
     d_spectral_norm: bool = True
-    lr_d: float = 1e-4
-    lr_g: float = 1e-4
-    beta1: float = 0.5
-    beta2: float = 0.9
-    beta1_g: float | None = None  # the generator's Adam β₁ (default: beta1)
-    gp_weight: float = 10.0  # λ of WGAN-GP
-    drift_weight: float = 0.001  # GS-WGAN's L_epsilon
-    ema_decay: float = 0.999  # EMA of G for sampling (netGS); 0: none
+    lr_d: PositiveFloat = 1e-4
+    lr_g: PositiveFloat = 1e-4
+    beta1: Decay = 0.5
+    beta2: Decay = 0.9
+    beta1_g: Decay | None = None  # the generator's Adam β₁ (default: beta1)
+    gp_weight: NonNegativeFloat = 10.0  # λ of WGAN-GP
+    drift_weight: NonNegativeFloat = 0.001  # GS-WGAN's L_epsilon
+    ema_decay: Decay = 0.999  # EMA of G for sampling (netGS); 0: none
+    # how the average starts (dpgen_bench/nets/averaging.py): bias-corrected keeps none of G's
+    # initial weights; "uniform" (records before it) is netGS's min(1 − 1/(t+1), β) as run here
+    ema_warmup: EmaWarmup = "bias-corrected"
     privacy_mode: Literal["sound", "paper"] = "sound"  # "paper": GS-WGAN's own accounting (module docstring)
-    log_every: int = 100  # generator steps between train.jsonl lines
+    log_every: PositiveInt = 100  # generator steps between train.jsonl lines
 
     def __post_init__(self):
-        for name in ("num_discriminators", "batch_size", "n_d", "latent_dim", "g_width", "d_width", "embed_dim",
-                     "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1")
-        if self.pretrain_steps < 0:
-            raise ValueError("pretrain_steps must be ≥ 0")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError("steps must be ≥ 1")
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            raise ValueError("noise_multiplier must be > 0")
-        if self.max_grad_norm <= 0:
-            raise ValueError("max_grad_norm must be > 0")
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError("ema_decay must be in [0, 1)")
+        check_declared(self)
+        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
+            object.__setattr__(self, "ema_warmup", "uniform")
         if self.privacy_mode not in ("sound", "paper"):
             raise ValueError("privacy_mode must be 'sound' or 'paper'")
 
@@ -226,6 +220,8 @@ class GSWGAN(ConditionalSampling, Method):
     conditional = True
     Hparams = GSWGANHparams
     renamed_hparams = {"ema": "ema_decay"}  # one name per concept across methods
+    # settings added after runs were recorded, at their "as before" value (config.stable_hparams)
+    late_hparams = {"ema_warmup": "uniform"}
     presets = {
         "quick": {
             # D learns in a few dozen steps, G averages its noisy gradient; all at chance on val (benchmarks/presets.md)
@@ -462,7 +458,8 @@ class GSWGAN(ConditionalSampling, Method):
         per = self.compositions_per_step
         sanitizer = GradientSanitizer(h.max_grad_norm, self.hook_noise_multiplier(part.noise_multiplier),
                                       generator=noise_gen, scale=1.0 / h.batch_size,
-                                      on_release=lambda: ctx.spend(PART, per))
+                                      on_release=lambda: ctx.spend(PART, per),
+                                      observe=getattr(ctx, "observe", None), part=PART)
         ctx.watch(PART, sanitizer)
         r = ctx.restore()  # a checkpoint within pretraining, or after it and generator step t
         if r is None or r.get("phase") == "pretrain":
@@ -495,8 +492,8 @@ class GSWGAN(ConditionalSampling, Method):
             if sanitizer.calls != calls + 1:  # the sanitiser counted its release on the ledger (on_release)
                 raise AssertionError("the generator's gradient was not sanitised exactly once")
             opt_g.step()
-            if self.G_ema is not None:  # netGS of GS-WGAN (ops.exp_mov_avg): decay min(1 − 1/(t+1), β)
-                update_average(self.G_ema, self.G, min(1 - 1 / (t + 1), self.hparams.ema_decay))
+            if self.G_ema is not None:  # netGS of GS-WGAN (ops.exp_mov_avg), bias-corrected by default
+                update_average(self.G_ema, self.G, h.ema_decay, t, h.ema_warmup)
             bar.update(1)
 
             seen += 1

@@ -35,7 +35,6 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as _opacus_rdp
 from opacus.accountants.analysis.rdp import get_privacy_spent
-from opacus.accountants.utils import get_noise_multiplier
 from scipy.special import gammaln, logsumexp
 
 from ..api import PrivacyPart
@@ -378,6 +377,7 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
                     mechanism: str = POISSON) -> float:
     """Smallest noise multiplier (to ~0.5% of ε) whose RDP ε after ``steps`` is ≤ target."""
     _check_target(epsilon, delta)
+    check_plan_inputs(sample_rate=sample_rate, steps=steps)
     tolerance = max(1e-4, 0.005 * epsilon)
     aim = _aim(epsilon, mechanism)
 
@@ -392,22 +392,41 @@ def calibrate_noise(*, epsilon: float, delta: float, sample_rate: float, steps: 
     if _REACHABILITY_ONLY.get():
         return float(last)
     if mechanism == POISSON:
-        try:
-            with warnings.catch_warnings():  # "optimal order is the largest alpha": on the way to a too-low ε
-                warnings.simplefilter("ignore", UserWarning)
-                sigma = get_noise_multiplier(target_epsilon=aim, target_delta=delta,
-                                             sample_rate=sample_rate, steps=steps, accountant="rdp",
-                                             epsilon_tolerance=tolerance, alphas=_ORDERS)
-        except ValueError as e:
-            if "too low" not in str(e):
-                raise
-            raise too_low from None
+        sigma = _opacus_search(eps, aim, tolerance, too_low)
     else:
         sigma = _bisect_sigma(eps, aim, tolerance, too_low)
     spent = eps(sigma)
     if spent > aim:  # never trust a calibration blindly
         raise AssertionError(f"noise calibration overshot: ε={spent} > {aim}")
     return float(sigma)
+
+
+# Opacus' search halves σ's bracket each time: ~60 halvings reach a float's resolution, so more
+# would mean an ε that jumps past the tolerance between neighbouring floats (the σ found stands).
+_MAX_BISECTIONS = 200
+
+
+def _opacus_search(eps, aim: float, tolerance: float, too_low: Exception) -> float:
+    """Opacus' ``get_noise_multiplier``, step for step, so the same σ: σ = 20, doubled until
+    eps(σ) ≤ aim (``too_low`` past ``MAX_NOISE_MULTIPLIER``, its MAX_SIGMA), then bisection of
+    [0, σ] until eps(σ) is within ``tolerance`` under aim; ``eps`` is ``compose_rdp``, the
+    accountant's own ε. Its bisection is bounded here (``_MAX_BISECTIONS``), Opacus' is not."""
+    lo, hi, eps_hi = 0.0, 10.0, math.inf
+    while eps_hi > aim:
+        hi *= 2
+        eps_hi = eps(hi)
+        if hi > MAX_NOISE_MULTIPLIER:
+            raise too_low
+    for _ in range(_MAX_BISECTIONS):
+        if aim - eps_hi <= tolerance:
+            break
+        mid = (lo + hi) / 2
+        eps_mid = eps(mid)
+        if eps_mid < aim:
+            hi, eps_hi = mid, eps_mid
+        else:
+            lo = mid
+    return hi
 
 
 def calibrate_beside(fixed: Sequence[PrivacyPart], *, epsilon: float, delta: float, sample_rate: float,
@@ -418,6 +437,9 @@ def calibrate_beside(fixed: Sequence[PrivacyPart], *, epsilon: float, delta: flo
     Bisection on σ (ε of the composition decreases in σ); ``BudgetTooLow`` when the fixed
     parts alone leave nothing, or no σ up to the limit fits."""
     _check_target(epsilon, delta)
+    check_plan_inputs(sample_rate=sample_rate, steps=steps)
+    for p in fixed:
+        check_plan_inputs(sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier, part=p.name)
     if not fixed:
         return calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps)
     tolerance = max(1e-4, 0.005 * epsilon)
@@ -463,7 +485,9 @@ def steps_and_noise(*, method: str, epsilon: float, delta: float, sample_rate: f
     """(σ, T) of a method that fixes its steps T (σ calibrated for the target), or its noise
     σ (T: as many steps as the target allows, at most ``cap``), or both (the ledger then
     refuses a pair that exceeds the target). Each of the T steps is
-    ``compositions_per_step`` mechanisms in the accounting; T counts method steps."""
+    ``compositions_per_step`` mechanisms in the accounting; T counts method steps. A noise
+    multiplier, step count or rate no plan can use is refused first (``check_plan_inputs``)."""
+    check_plan_inputs(sample_rate=sample_rate, steps=steps, noise_multiplier=noise_multiplier)
     per = compositions_per_step
     if steps is not None and noise_multiplier is None:
         sigma = calibrate_noise(epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps * per,
@@ -512,6 +536,7 @@ def steps_for_budget(*, epsilon: float, delta: float, sample_rate: float, noise_
     """Largest number of steps whose RDP ε at this noise is ≤ target ("train until the
     budget is spent"). 0 when even one step exceeds it."""
     _check_target(epsilon, delta)
+    check_plan_inputs(sample_rate=sample_rate, noise_multiplier=noise_multiplier)
     aim = _aim(epsilon, mechanism)
 
     def eps(t: int) -> float:
@@ -531,6 +556,20 @@ def steps_for_budget(*, epsilon: float, delta: float, sample_rate: float, noise_
         else:
             hi = mid
     return lo
+
+
+def check_plan_inputs(*, sample_rate: float | None = None, steps: int | None = None,
+                      noise_multiplier: float | None = None, part: str | None = None) -> None:
+    """Refuse, before any search, what no plan can use: a sample rate outside (0, 1], fewer
+    than one step, a noise multiplier that is not a positive finite number (a negative σ
+    sends the RDP series past any number of terms). One line each (``UserError``)."""
+    of = f" of part '{part}'" if part else ""
+    if sample_rate is not None and not 0 < sample_rate <= 1:
+        raise UserError(f"the sample rate{of} must be in (0, 1], got {sample_rate}")
+    if steps is not None and not (steps >= 1 and math.isfinite(steps)):
+        raise UserError(f"the number of steps{of} must be ≥ 1, got {steps}")
+    if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise UserError(f"the noise multiplier{of} must be a positive finite number, got {noise_multiplier}")
 
 
 def _check_target(epsilon: float, delta: float) -> None:

@@ -41,6 +41,7 @@ from torch import nn
 
 from ..api import RunContext
 from .fastclip import BookKeepingModule
+from .telemetry import instrument_dpsgd
 
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost", "bk")
 # modes that never hold per-example gradients (p.grad_sample): code that edits them refuses these
@@ -139,6 +140,9 @@ def make_private(
     )
     dp_opt.attach_step_hook(lambda _opt: ctx.spend(part))
     ctx.watch(part, dp_opt)  # a white-box audit places its canaries in the optimizer's noise step
+    observe = getattr(ctx, "observe", None)
+    if observe is not None:  # measured norms before the noise (and before an audit's canaries): a diagnostic
+        instrument_dpsgd(dp_opt, gsm, observe, part)
     return gsm, dp_opt
 
 

@@ -43,7 +43,10 @@ def compute_rdp(*, q: float, noise_multiplier: float, steps: int, orders: float 
 
 
 def rdp_orders(q: float, sigma: float, orders: Sequence[float]) -> np.ndarray:
-    """RDP of one step at each of ``orders`` (Opacus' ``_compute_rdp`` order by order)."""
+    """RDP of one step at each of ``orders`` (Opacus' ``_compute_rdp`` order by order). A rate
+    outside [0, 1] or a negative or NaN σ is a ValueError: the series would not converge."""
+    if not (0 <= q <= 1 and sigma >= 0):
+        raise ValueError(f"the RDP of the subsampled Gaussian needs q in [0, 1] and σ ≥ 0, got q={q}, σ={sigma}")
     alphas = np.asarray(orders, dtype=float).reshape(-1)
     if q == 0:
         return np.zeros(len(alphas))

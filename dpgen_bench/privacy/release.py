@@ -11,6 +11,8 @@ method's own noise, std and counting are what the audit observes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -48,9 +50,15 @@ class GaussianRelease:
         draw = torch.randn(like.shape, generator=self.generator, device=like.device, dtype=like.dtype)
         return (self.noise_multiplier * self.sensitivity) * draw
 
-    def __call__(self, value: Tensor) -> Tensor:
+    def __call__(self, value: Tensor, record_norms: Tensor | None = None) -> Tensor:
+        """``value + N(0, (σΔ)² I)``; ``record_norms``: the norms of the records whose sum
+        ``value`` is, where the caller has them (DPAF's DPAGG), for the telemetry alone."""
         self._ctx.spend(self.part)  # counted before the release exists
         self.calls += 1
+        observe = getattr(self._ctx, "observe", None)
+        if observe is not None:  # measured before the noise: a diagnostic (privacy.telemetry)
+            observe(self.part, norms=record_norms, clip=self.sensitivity, clipped_sum_norm=float(value.norm()),
+                    noise_norm=self.noise_multiplier * self.sensitivity * math.sqrt(value.numel()))
         if self.canaries is not None:
             value = self.canaries.before_noise(value)
         out = value + self.noise(value)

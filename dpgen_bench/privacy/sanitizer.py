@@ -25,6 +25,7 @@ training loop can assert that every private step was sanitised exactly once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -41,7 +42,8 @@ class GradientSanitizer:
     canaries_subtract_clean = False
 
     def __init__(self, max_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
-                 scale: float = 1.0, on_release: Callable[[], None] | None = None):
+                 scale: float = 1.0, on_release: Callable[[], None] | None = None,
+                 observe: Callable[..., None] | None = None, part: str | None = None):
         if not max_norm > 0:
             raise ValueError("max_norm must be > 0")
         if not noise_multiplier >= 0:
@@ -53,6 +55,10 @@ class GradientSanitizer:
         # called once per sanitised gradient, as it is released and before anything can use it
         # (the ledger's step count: ``lambda: ctx.spend(part)``), so a loop cannot count it late
         self.on_release = on_release
+        # measured telemetry (``RunContext.observe``, privacy.telemetry): the rows' norms and the
+        # clipped batch's norm before the noise, a diagnostic outside the guarantee
+        self.observe, self.part = observe, part
+        self.last_norms: Tensor | None = None
         self.calls = 0
         self.last_clip_fraction = float("nan")  # share of rows whose norm exceeded C (diagnostics)
         self.last_mean_norm = float("nan")
@@ -73,6 +79,7 @@ class GradientSanitizer:
         factor = (self.max_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         self.last_clip_fraction = (norms > self.max_norm).float().mean().item()
         self.last_mean_norm = norms.mean().item()
+        self.last_norms = norms
         return (flat * factor[:, None]).reshape(grad.shape)
 
     def noise(self, like: Tensor) -> Tensor:
@@ -86,6 +93,10 @@ class GradientSanitizer:
         self.calls += 1
         with torch.no_grad():
             clipped = self.clip(grad)
+            if self.observe is not None:  # before the canaries and the noise
+                self.observe(self.part, norms=self.last_norms, clip=self.max_norm,
+                             clipped_sum_norm=float(clipped.norm()),
+                             noise_norm=self.noise_multiplier * self.max_norm * math.sqrt(clipped.numel()))
             if self.canaries is not None:
                 clipped = self.canaries.before_noise(clipped)
             released = clipped + self.noise(grad)

@@ -1,5 +1,9 @@
 """Published reference numbers shipped as data (``references.csv``), as rows marked
-"(paper)" on the same axes as ours. Each row carries its paper, table and page."""
+"(paper)" on the same axes as ours. Each row carries its paper, table and page, and what its
+ε is (``accounting``, a key of ``ACCOUNTING``): a number whose ε is not a DP guarantee of its
+setting carries that as its ``caveat``, which the tables mark ‡ as they mark our own runs'
+(``table.CAVEAT_MARK``); ``eps_sound`` is the ε of its published setting accounted soundly,
+where benchmarks/gswgan_eps.py computes it."""
 
 from __future__ import annotations
 
@@ -15,6 +19,30 @@ NOT_COMPUTED = {"is": "Inception Score"}
 # The papers' names of methods this harness implements, as our registry names them, so that
 # "dpmerf (paper)" stands beside "dpmerf" (the CSV keeps the papers' spelling).
 ALIASES = {"dp-merf": "dpmerf", "dp-sinkhorn": "dpsinkhorn", "dp-ntk": "dpntk", "dp-kernel": "dpkernel"}
+# What a published ε is (references.csv's ``accounting``): None where it is a DP guarantee of the
+# setting by a standard accountant, else what it is and where that is argued: its cells' caveat.
+ACCOUNTING = {
+    "standard": None,
+    "per-row": ("ε by per-row accounting (GS-WGAN's code: T·B compositions at rate 1/K; DPImageBench's: T), each "
+                "of a step's B noised rows amplified on its own though all come from one discriminator's draw",
+                'docs/privacy.md, "What GS-WGAN\'s published ε costs"'),
+    "dpaf-paper": ("ε by DPAF's own accounting of Algorithm 1, which misses C's non-private layers, the "
+                   "batch-coupled losses and the reused μ batches (the sound mode closes them)",
+                   "methods/dpaf docstring"),
+}
+
+
+def caveat(accounting: str, eps_sound: float | None) -> str | None:
+    """The caveat of a reference row: what its accounting is, the sound ε of its published
+    setting where one is computed, and where both are argued."""
+    if accounting not in ACCOUNTING:
+        raise ValueError(f"references.csv: unknown accounting '{accounting}' (known: {', '.join(ACCOUNTING)})")
+    if ACCOUNTING[accounting] is None:
+        return None
+    text, where = ACCOUNTING[accounting]
+    if eps_sound is not None and not pd.isna(eps_sound):
+        text += f"; its published setting, rows accounted jointly: ε = {eps_sound:,.0f}"
+    return f"{text}; not a DP guarantee ({where})"
 
 
 def load_references(path: Path = PATH) -> pd.DataFrame:
@@ -38,4 +66,5 @@ def load_references(path: Path = PATH) -> pd.DataFrame:
         "source": "paper",
         "ref_std": ref["std"].astype(float),
         "reported_in": ref["reported_in"],  # empty / "This work": the paper reports its own method
+        "caveat": [caveat(a, e) for a, e in zip(ref["accounting"], ref["eps_sound"])],
     })

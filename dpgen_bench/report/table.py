@@ -7,15 +7,22 @@ settings differ (preset, δ, samples per class, or any hparam outside the method
 (``dpgan [n_d=adaptive]``); mean ± std pools seeds of one configuration only. Of runs
 that repeat a (configuration, ε, members, seed), only the newest counts. A run whose
 privacy.json carries a caveat (an ε from a paper's own accounting, not a DP guarantee)
-has its ε spent marked ‡, with the caveat as a note under the table.
+has its ε spent marked ‡, with the caveat as a note under the table; so has a published
+number whose ε is such an accounting (references.csv's ``accounting``): its ε spent cell,
+or in ``tiers`` the paper's number itself.
 
-Layouts:
-- ``a``: rows (ε, method), columns (dataset, metric) — Private GANs Table 2, DPAF Tables 1–2.
-- ``b``: rows method, columns metrics, for one (dataset, ε) — DP-GAN-DPAC Tables 1–4.
-- ``c``: rows (method, ε), columns (attack, members) of MIA AUC — DPAF Table 18.
-- ``d``: rows method, columns (dataset, ε, metric) — Private GANs Table 2, DPAF Table 1 turned round.
+Layouts (``bench report --layout NAME``; the first four were ``a``, ``b``, ``c``, ``d``, which
+still work, and their functions keep those letters):
+- ``eps-rows`` (``layout_a``): rows (ε, method), columns (dataset, metric) — Private GANs
+  Table 2, DPAF Tables 1–2.
+- ``one-setting`` (``layout_b``): rows method, columns metrics, for one (dataset, ε) —
+  DP-GAN-DPAC Tables 1–4.
+- ``mia`` (``layout_c``): rows (method, ε), columns (attack, members) of MIA AUC — DPAF Table 18.
+- ``eps-columns`` (``layout_d``): rows method, columns (dataset, ε, metric) — Private GANs
+  Table 2, DPAF Table 1 turned round.
 - ``tiers``: rows method, columns one metric per preset tier (quick, long, paper) and the
   method's own paper's number: what a CPU-minute, a CPU-hour and the paper's GPU-days give.
+- ``audit``: the accountant's ε beside ``bench audit``'s lower bounds, per seed.
 - ``runs``: one row per run (no aggregation).
 
 Bold marks the best of our private values among the rows of one (dataset, ε): never an
@@ -45,7 +52,7 @@ MIA_PREFIX = "mia_auc"  # ours: mia_auc_<attack>[_calibrated]; papers: mia_auc (
 AUDIT_PREFIX = "eps_lb_"  # bench audit: eps_lb_<attack>, the one-run lower bound (audit.json)
 GAUSSIAN_CURVE = " (Gaussian curve)"  # eps_lb_<attack> (Gaussian curve): audit.json's fdp_gaussian ε
 MIA_IDEAL = 0.5  # an attack AUC's ideal (no leakage): neither end of the scale is best (evaluators.mia's ``ideal``)
-SIDE = (MIA_PREFIX, AUDIT_PREFIX)  # shown by their own layouts (c, audit), not with the utility metrics
+SIDE = (MIA_PREFIX, AUDIT_PREFIX)  # shown by their own layouts (mia, audit), not with the utility metrics
 CAVEAT_MARK = "‡"
 log = logging.getLogger("dpgen_bench")
 
@@ -254,6 +261,7 @@ class Cell:
     n: int = 1
     source: str = "ours"
     bold: bool = False
+    mark: str = ""  # CAVEAT_MARK when the number's ε carries a caveat (``_mark``), else ""
 
     def text(self) -> str:
         if math.isnan(self.mean):
@@ -264,7 +272,7 @@ class Cell:
             s += f" ± {self.std:.{decimals}f}"
         if self.source == "ours" and self.n < 3:
             s += f" (n={self.n})"
-        return s
+        return f"{s} {self.mark}" if self.mark else s
 
 
 @dataclass
@@ -327,8 +335,8 @@ def _mark(sel: pd.DataFrame, notes: list[str]) -> str:
 
 
 def _spent(source: str, sel: pd.DataFrame, notes: list[str]) -> str:
-    if source != "ours":
-        return "—"
+    if source != "ours":  # a published ε is the paper's; marked where it is not a DP guarantee
+        return "—" + _mark(sel, notes)
     return f"{fmt_eps(sel['eps_rdp'].max())} / {fmt_eps(sel['eps_prv'].max())}" + _mark(sel, notes)
 
 
@@ -429,7 +437,8 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
             ref = ref[said == "This work"] if (said == "This work").any() else ref[said != ""] if (said != "").any() \
                 else ref
         if len(ref):
-            line += [Cell(float(ref["value"].iloc[0]), math.nan, 1, "paper"), str(ref["run_id"].iloc[0])]
+            line += [Cell(float(ref["value"].iloc[0]), math.nan, 1, "paper", mark=_mark(ref.iloc[:1], notes).strip()),
+                     str(ref["run_id"].iloc[0])]
         else:
             line += ["—", "—"]
         rows.append((m,))
@@ -628,6 +637,8 @@ def render_csv(t: Table) -> str:
                 rec[h] = round(c.mean, 6)
                 rec[h + " std"] = round(c.std, 6)
                 rec[h + " n"] = c.n
+                if c.mark:  # explained by the notes, which the CLI prints on stderr for CSV
+                    rec[h + " mark"] = c.mark
             else:
                 rec[h] = c
         rows.append(rec)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,8 @@ from dpgen_bench.nets.sampling import sample_conditional
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, release_noise_to_signal
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
 from dpgen_bench.privacy.release import GaussianRelease
+from dpgen_bench.settings import (Decay, Ge, Interval, NonNegativeInt, PositiveFloat, PositiveInt,
+                                  check_declared)
 
 from .budget import parse_split, plan_parts, schedule
 from .compression import GradientCompression
@@ -41,24 +43,24 @@ LayerConfig = Literal["C2-C2-C1", "C2-C1-×", "C3-C1-×", "C2-C1-x", "C3-C1-x"]
 class DPAFHparams:
     # Architecture (§6.1 canonical implementation; App. A.10). Defaults: CelebA's.
     layer_config: LayerConfig = "C2-C2-C1"
-    d_width: int = 64  # d: channels of D's (and C's) first convolution; doubled per layer
-    g_width: int = 64  # G's channels mirror D's with this base width
-    latent_dim: int = 100  # z, §6.1
-    label_dim: int = 16  # size of the label embeddings of D and G (ours)
-    fc_width: int = 128  # hidden units of the first of the two FC* layers (ours)
+    d_width: PositiveInt = 64  # d: channels of D's (and C's) first convolution; doubled per layer
+    g_width: PositiveInt = 64  # G's channels mirror D's with this base width
+    latent_dim: PositiveInt = 100  # z, §6.1
+    label_dim: PositiveInt = 16  # size of the label embeddings of D and G (ours)
+    fc_width: PositiveInt = 128  # hidden units of the first of the two FC* layers (ours)
     # G's hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
     # Private GANs' code; relu + batchnorm (+ embedding) is DCGAN's textbook G, which collapses to one
     # image per class here (the package docstring)
     g_batchnorm: bool = False
     g_activation: Literal["leaky_relu", "relu"] = "leaky_relu"
     g_label: Literal["onehot", "embedding"] = "onehot"
-    image_size: int | None = None  # train at this size (resize inside fit), sample back; None: native
+    image_size: Annotated[int, Ge(4)] | None = None  # train at this size (resize inside fit), sample back; None: native
     # Training schedule (Algorithm 1).
-    batch_size: int = 64  # expected Poisson batch B (§6.1: 24 MNIST/FMNIST, 64 CelebA/FFHQ)
-    batches: int = 20_000  # 𝔹: phase-2 batches = DPAGG steps T3; conv2* takes ⌊𝔹/μ⌋ steps
-    classifier_batches: int | None = None  # T1 of phase 1; None: 𝔹 (Algorithm 1 loops 𝔹 times twice)
-    mu: int = 8  # asymmetry multiplier μ (§6.1, Table 10)
-    n_critic: int = 1  # G step every n_critic batches (Table 16: best at ε=10 with μ=8)
+    batch_size: PositiveInt = 64  # expected Poisson batch B (§6.1: 24 MNIST/FMNIST, 64 CelebA/FFHQ)
+    batches: PositiveInt = 20_000  # 𝔹: phase-2 batches = DPAGG steps T3; conv2* takes ⌊𝔹/μ⌋ steps
+    classifier_batches: NonNegativeInt | None = None  # T1 of phase 1; None: 𝔹 (Algorithm 1 loops 𝔹 times twice)
+    mu: PositiveInt = 8  # asymmetry multiplier μ (§6.1, Table 10)
+    n_critic: PositiveInt = 1  # G step every n_critic batches (Table 16: best at ε=10 with μ=8)
     # G's loss (Algorithm 1 line 16): "per_example" = the paper's D̂ (D without DPAGG) on each
     # fake; "aggregate" = D on the fake batch's clean aggregate, the input D's head is trained
     # on (ours, a diagnostic of the no-noise gap; uses no real data, so no privacy cost)
@@ -66,20 +68,20 @@ class DPAFHparams:
     # Privacy (§6.1 budget notations; §5.4 Theorem 5).
     budget_split: str = "0.1,x,0.1"  # (ε1, ×, ε3) absolute or (x1%, x2%, x3%)
     fill_budget: bool = True  # scale the shares up until the RDP composition reaches ε (false: the paper's additive reading)
-    max_grad_norm: float = 1.0  # u1 = u2, DPSGD clipping norm of conv1 and conv2*
+    max_grad_norm: PositiveFloat = 1.0  # u1 = u2, DPSGD clipping norm of conv1 and conv2*
     gc: bool = True  # gradient compression of per-sample gradients (§6.2.8, Table 12)
-    gc_keep: float = 0.9  # fraction of each per-sample gradient kept (top by magnitude)
-    sin_eps: float = 1e-8  # inside SIN's square root; keeps constant maps at 0 (norm ≤ p)
+    gc_keep: Annotated[float, Interval(0, 1, "(]")] = 0.9  # share of each per-sample gradient kept (top by magnitude)
+    sin_eps: PositiveFloat = 1e-8  # inside SIN's square root; keeps constant maps at 0 (norm ≤ p)
     privacy_mode: Literal["sound", "paper"] = "sound"  # see the package docstring
     # Optimisers: Adam everywhere (DCGAN's), DP-Adam for the private parts.
-    lr_c: float = 1e-3
-    lr_conv2: float = 2e-4
-    lr_head: float = 2e-4
-    lr_g: float = 2e-4
-    beta1: float = 0.5
-    beta2: float = 0.999
-    log_every: int = 50
-    torch_threads: int | None = None  # intra-op threads during fit (restored after); None: unchanged
+    lr_c: PositiveFloat = 1e-3
+    lr_conv2: PositiveFloat = 2e-4
+    lr_head: PositiveFloat = 2e-4
+    lr_g: PositiveFloat = 2e-4
+    beta1: Decay = 0.5
+    beta2: Decay = 0.999
+    log_every: PositiveInt = 50
+    torch_threads: PositiveInt | None = None  # intra-op threads during fit (restored after); None: unchanged
     # how conv1's and conv2*'s per-example gradients are clipped (dpgen_bench/privacy/dpsgd.py).
     # auto: "bk" (dpgen_bench/privacy/fastclip.py), the fastest exact one: with gradient
     # compression it builds each example's gradient a chunk of examples at a time (memory
@@ -88,21 +90,8 @@ class DPAFHparams:
     grad_sample_mode: Literal["auto", "hooks", "functorch", "bk"] = "auto"
 
     def __post_init__(self):
+        check_declared(self)
         canonical_config(self.layer_config)
-        if self.batch_size < 1 or self.batches < 1 or self.mu < 1 or self.n_critic < 1:
-            raise ValueError("batch_size, batches, mu and n_critic must be ≥ 1")
-        if self.classifier_batches is not None and self.classifier_batches < 0:
-            raise ValueError("classifier_batches must be ≥ 0")
-        if self.max_grad_norm <= 0:
-            raise ValueError("max_grad_norm must be > 0")
-        if not 0 < self.gc_keep <= 1:
-            raise ValueError("gc_keep must be in (0, 1]")
-        if self.image_size is not None and self.image_size < 4:
-            raise ValueError("image_size must be ≥ 4")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError("torch_threads must be ≥ 1")
-        if min(self.d_width, self.g_width, self.latent_dim, self.label_dim, self.fc_width, self.log_every) < 1:
-            raise ValueError("widths, dimensions and log_every must be ≥ 1")
         parse_split(self.budget_split)
 
     @property
@@ -392,7 +381,8 @@ class DPAF(Method):
                 xf_g, yf = self._fake(B, dev)
             xf = xf_g.detach()
             with torch.no_grad():
-                s_real = real_dpagg(aggregate(self._features(images[idx], labels[idx])))  # counted by the release
+                feats = self._features(images[idx], labels[idx])
+                s_real = real_dpagg(aggregate(feats), record_norms=feats.flatten(1).norm(dim=1))  # counted by it
                 s_fake = dpagg(self._features(xf, yf), sigma3, sens, noise_gen)
             d_loss = F.binary_cross_entropy_with_logits(self._head_agg(torch.stack([s_real, s_fake])).flatten(),
                                                         targets)

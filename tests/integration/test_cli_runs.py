@@ -47,7 +47,9 @@ def test_records_have_the_schema(two_runs):
                   "checkpoint.pt"):
             assert (d / f).is_file(), f
         priv = json.loads((d / "privacy.json").read_text())
-        assert set(priv) == {"private", "target", "parts", "epsilon", "caveat"}
+        # dpgan: its part's measured gradient norms beside the accounting (privacy.telemetry); gan has no part
+        assert set(priv) == {"private", "target", "parts", "epsilon", "caveat"} | ({"telemetry"} if priv["private"]
+                                                                                    else set())
         assert priv["caveat"] is None  # dpgan and gan: the ε is a DP guarantee (or ∞)
         assert set(priv["target"]) == {"epsilon", "delta"}
         assert set(priv["epsilon"]) == {"rdp", "prv"}
@@ -76,6 +78,12 @@ def test_private_record_spends_at_most_the_target(two_runs):
         assert priv["epsilon"]["prv"] <= priv["epsilon"]["rdp"]
         lines = [json.loads(x) for x in (d / "train.jsonl").read_text().splitlines()]
         assert lines and all("n_d" in x and "d_loss" in x for x in lines)
+        # measured telemetry: every line carries the part's steps since the last one, the record their summary
+        assert all(x["gradients"]["discriminator"]["steps"] >= 1 for x in lines)
+        assert sum(x["gradients"]["discriminator"]["steps"] for x in lines) == 60
+        t = priv["telemetry"]["discriminator"]
+        assert t["steps"] == 60 and t["clip_bound"] == 1.0 and 0 <= t["clip_fraction"] <= 1
+        assert 0 < t["median_norm"] <= t["p90_norm"] and t["noise_to_signal"] > 0
 
 
 def test_report_shows_both(two_runs, cli_runner):
@@ -173,6 +181,23 @@ def test_dry_run_prints_plan_without_writing(cli_runner, results):
     smp = est["sampling"]  # dpgan's quick preset: 100 a class, timed up to 512 of them
     assert smp["images"] == 1000 and 4 <= smp["timed_images"] <= 512 and smp["seconds_per_image"] > 0
     assert est["estimated_fit_and_sample_seconds"] >= est["estimated_fit_seconds"] + smp["estimated_seconds"] - 0.1
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("clip,warned", [("1000", True), ("1", False)])
+def test_dry_run_shows_measured_beside_bound_noise_to_signal_and_warns_on_a_loose_clip(cli_runner, results, clip,
+                                                                                        warned):
+    """The gradient probe (privacy.telemetry): measured and bound-based noise to signal per part;
+    a clip bound 1,000× the gradients' scale draws the one-line warning, the preset's does not."""
+    res = _run(cli_runner, "run", "--method", "dpgan", "--dataset", "digits", "--eps", "10", "--preset", "tiny",
+               "--dry-run", "--probe-seconds", "0", "--probe-steps", "4", "--set", f"max_grad_norm={clip}")
+    probe = json.loads(res.stdout)["gradient_probe"]
+    d = probe["parts"]["discriminator"]
+    assert d["steps"] == 4 and d["clip_bound"] == float(clip)
+    assert d["noise_to_signal_bound"] == json.loads(res.stdout)["privacy_plan"]["parts"][0]["noise_to_signal"]
+    assert d["noise_to_signal_measured"] > d["noise_to_signal_bound"]  # no record's gradient reaches C
+    assert ("below a tenth of the clip bound" in res.stderr) is warned
+    assert (d["median_norm"] < 0.1 * float(clip)) is warned
     assert not results.exists()
 
 

@@ -86,3 +86,19 @@ def test_privacy_plan_meets_the_target(cli_runner, results, method, eps):
     composed = float(re.search(r"composed epsilon: ([0-9.]+) \(RDP", res.output).group(1))
     assert 0.95 * float(eps) <= composed <= float(eps)
     assert not results.exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("mode", ["paper", "sound"])
+def test_dry_run_shows_the_caveat_the_run_will_record(cli_runner, results, mode):
+    """``--dry-run``'s privacy plan carries every caveat the run records in privacy.json: with
+    privacy_mode=paper, that its ε is GS-WGAN's own accounting (runner.run_caveat); none otherwise."""
+    res = cli_runner.invoke(cli, ["run", "--method", "gswgan", "--dataset", "digits", "--eps", "10", "--preset", "tiny",
+                                  "--set", f"privacy_mode={mode}", "--dry-run", "--probe-seconds", "0",
+                                  "--probe-steps", "0"])
+    assert res.exit_code == 0, (res.output, res.stderr, res.exception)
+    caveat = json.loads(res.stdout)["privacy_plan"]["caveat"]
+    if mode == "sound":
+        assert caveat is None
+        return
+    assert caveat.startswith("gswgan privacy_mode=paper: ε is GS-WGAN's accounting") and "not a DP guarantee" in caveat
+    assert not results.exists()  # nothing trained, nothing written

@@ -1,16 +1,15 @@
 """Records made before a fix: ``bench sweep --require-commit REV`` runs again every complete
-cell whose record (env.json's git commit) does not contain REV, and claims.py leaves such
+cell whose record (env.json's git commit) does not contain REV, and bench claims leaves such
 records out of CLAIMS.md or runs them again. The checkout is a throw-away git repository
 with three commits: old → fix → later."""
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from dpgen_bench import claims as claims_module
 from dpgen_bench import store, sweep
 from dpgen_bench.cli import cli
 from dpgen_bench.errors import UserError
@@ -116,14 +115,6 @@ def test_a_checkpoint_of_code_without_the_fix_is_not_resumed(checkout, monkeypat
     assert resumed == [False, True] and counts["resumed"] == 1
 
 
-def _claims_module():
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["claims"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _all_read(claims, spec, claim, root):
     arms = claims.build_arms(spec, claim, "digits")
     for a in arms.values():
@@ -132,7 +123,7 @@ def _all_read(claims, spec, claim, root):
 
 
 def test_claims_names_the_code_of_each_section_and_leaves_out_stale_records(checkout, tmp_path):
-    claims = _claims_module()
+    claims = claims_module
     spec = claims.load_claims(ROOT / "benchmarks" / "claims.yaml")
     claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
     arms = claims.build_arms(spec, claim, "digits")

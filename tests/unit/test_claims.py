@@ -1,26 +1,33 @@
-"""benchmarks/claims.py: every arm of claims.yaml is a valid sweep grid on every dataset, the
-verdicts follow from the numbers (Welch t-test, chance, ranges, the paper's order), and
-CLAIMS.md keeps one block per dataset (a block not rendered this time is kept verbatim)."""
+"""``bench claims`` (dpgen_bench/claims.py): every arm of claims.yaml is a valid sweep grid on
+every dataset, the verdicts follow from the numbers (Welch t-test, chance, ranges, the paper's
+order), and CLAIMS.md keeps one block per dataset (a block not rendered this time is kept verbatim)."""
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from dpgen_bench import claims
+from dpgen_bench.cli import cli
+
 ROOT = Path(__file__).resolve().parents[2]
-spec_ = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
-claims = importlib.util.module_from_spec(spec_)
-sys.modules["claims"] = claims  # dataclasses look their module up
-spec_.loader.exec_module(claims)
 
 SPEC = {"chance": {"gen2real_cnn": 0.1}, "chance_margin": 0.05, "alpha": 0.05}
 CLAIMS_YAML = ROOT / "benchmarks" / "claims.yaml"
 # claims.yaml's defaults before it listed datasets: the digits run directories under results/claims
 # were named from these, so the digits cells must keep those names
 OLD_DEFAULTS = {"dataset": "digits", "seeds": [0, 1, 2], "preset": "quick", "eval": ["gen2real_cnn", "real2gen_cnn"]}
+
+
+def bench_claims(*args: str, claims_file: Path = None) -> int:
+    """The exit code of ``bench claims CLAIMS_FILE ARGS`` (claims.yaml unless given); its
+    stderr is the test's (capsys)."""
+    try:
+        cli(["claims", str(claims_file or CLAIMS_YAML), *args])
+    except SystemExit as e:
+        return e.code
+    raise AssertionError("bench did not exit")
 
 
 def arm(name, values, ref=None, metric="gen2real_cnn"):
@@ -172,7 +179,7 @@ def test_render_with_two_datasets_gives_both_blocks_and_the_summary(tmp_path):
     arms = claims.build_arms(spec, abl, "mnist-5k")
     _records(results, arms["μ = 8, GC"], [0.7, 0.72, 0.71])
     _records(results, arms["μ = 1"], [0.5, 0.52, 0.49])
-    assert claims.main(["--out", str(out), "--results", str(results)]) == 0
+    assert bench_claims("--out", str(out), "--results", str(results)) == 0
     text = out.read_text()
     blocks = claims.split_blocks(text)
     assert list(blocks) == ["digits", "mnist-5k", "mnist"]
@@ -199,7 +206,7 @@ def test_rendering_one_dataset_keeps_the_other_block_verbatim(tmp_path):
             "_Last regenerated 2026-11-24._")
     out.write_text("# old header\n\nold summary\n\n<!-- claims:dataset=digits -->\n" + kept +
                    "\n<!-- /claims:dataset=digits -->\n")
-    assert claims.main(["--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k"]) == 0
+    assert bench_claims("--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k") == 0
     text = out.read_text()
     assert "<!-- claims:dataset=digits -->\n" + kept + "\n<!-- /claims:dataset=digits -->\n" in text
     assert claims.split_blocks(text)["digits"] == kept and "old summary" not in text
@@ -211,7 +218,7 @@ def test_rendering_one_dataset_keeps_the_other_block_verbatim(tmp_path):
     assert "| [**partly reproduced**](#ordering-digits) |" in rows[by_id["ordering"]]
     assert rows[by_id["small-n"]].endswith("| — | [**not run yet**](#small-n-mnist-5k) | not checked on this dataset |")
     # and again: the file it wrote keeps the digits block through a second render
-    assert claims.main(["--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k"]) == 0
+    assert bench_claims("--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k") == 0
     assert claims.split_blocks(out.read_text())["digits"] == kept
 
 
@@ -233,8 +240,8 @@ def test_only_rerenders_its_claims_and_keeps_the_other_sections(tmp_path):
                          ("μ = 4", [0.6, 0.61, 0.59]), ("no GC", [0.5, 0.51, 0.48])):
         _records(results, arms[name], values)
     for _ in range(2):  # a second render replaces its own note
-        assert claims.main(["--out", str(out), "--results", str(results), "--dataset", "mnist-5k",
-                            "--only", "dpaf-ablations"]) == 0
+        assert bench_claims("--out", str(out), "--results", str(results), "--dataset", "mnist-5k",
+                            "--only", "dpaf-ablations") == 0
         new = claims.split_blocks(out.read_text())["mnist-5k"]
         assert new.startswith(f"Where the mnist-5k runs ran: 99 on 2 CPUs.\n\n{mia}\n\n")
         assert old_abl not in new and "| μ = 8, GC | 3/3 | 9.96 / 9.1 | 0.710 ± 0.010 |" in new
@@ -253,7 +260,7 @@ def test_the_re_render_note_keeps_earlier_sections_and_their_dates(monkeypatch):
     out = claims.replace_sections(previous, "", "digits", [{"id": "mia"}, {"id": "ordering"}])
     assert out.endswith("_Last regenerated 2026-11-25._\n\n_Sections small-n re-rendered 2026-11-26; "
                         "dpac-vs-gswgan re-rendered 2026-11-27; mia, ordering re-rendered 2026-11-28 "
-                        "(`claims.py --only`); the others as last regenerated._")
+                        "(`bench claims --only`); the others as last regenerated._")
     assert out.count("_Sections") == 1
 
 
@@ -264,8 +271,8 @@ def test_a_claim_restricted_to_one_dataset(tmp_path):
     spec["claims"][1]["scale"] = spec["claims"][1]["scale"]["digits"]  # one text suffices for one dataset
     (tmp_path / "claims.yaml").write_text(yaml.safe_dump(spec, allow_unicode=True))
     out = tmp_path / "CLAIMS.md"
-    assert claims.main(["--claims", str(tmp_path / "claims.yaml"), "--out", str(out),
-                        "--results", str(tmp_path / "none")]) == 0
+    assert bench_claims("--out", str(out), "--results", str(tmp_path / "none"),
+                        claims_file=tmp_path / "claims.yaml") == 0
     text = out.read_text()
     blocks = claims.split_blocks(text)
     assert '<a id="dpaf-ablations-digits"></a>' in blocks["digits"]
@@ -278,16 +285,39 @@ def test_a_file_without_blocks_or_with_unpaired_markers_is_not_overwritten(tmp_p
     for old in ("# claims rendered before the blocks\n\nnumbers\n",
                 "<!-- claims:dataset=digits -->\nnumbers\n<!-- /claims:dataset=mnist-5k -->\n"):
         out.write_text(old)
-        assert claims.main(["--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k"]) == 2
+        assert bench_claims("--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k") == 2
         assert out.read_text() == old and capsys.readouterr().err.startswith("error: ")
 
 
 def test_unknown_dataset_is_a_one_line_error(tmp_path, capsys):
     out = tmp_path / "CLAIMS.md"
-    assert claims.main(["--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k,cifar10"]) == 2
+    assert bench_claims("--out", str(out), "--results", str(tmp_path), "--dataset", "mnist-5k,cifar10") == 2
     err = capsys.readouterr().err
     assert err == "error: unknown datasets ['cifar10'] (claims.yaml has: digits, mnist-5k, mnist)\n"
     assert not out.exists()
+
+
+def test_bench_claims_takes_the_file_as_an_argument_and_names_a_missing_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["claims", "--help"])
+    assert e.value.code == 0
+    shown = capsys.readouterr().out
+    assert "[CLAIMS_FILE]" in shown and all(o in shown for o in ("--run", "--figures", "--only", "--also"))
+    assert bench_claims("--out", str(tmp_path / "CLAIMS.md"), claims_file=tmp_path / "nowhere.yaml") == 2
+    missing = tmp_path / "nowhere.yaml"
+    assert capsys.readouterr().err == f"error: no claims file at {missing} (bench claims CLAIMS_FILE)\n"
+
+
+def test_also_adds_a_root_of_committed_records(tmp_path):
+    """``--also DIR``: a complete record there counts for its cell, as one under the file's
+    ``also_results`` does."""
+    out, committed = tmp_path / "CLAIMS.md", tmp_path / "committed"
+    spec = claims.load_claims(CLAIMS_YAML)
+    abl = next(c for c in spec["claims"] if c["id"] == "dpaf-ablations")
+    _records(committed, claims.build_arms(spec, abl, "mnist-5k")["μ = 8, GC"], [0.7, 0.72, 0.71])
+    assert bench_claims("--out", str(out), "--results", str(tmp_path / "none"), "--dataset", "mnist-5k",
+                        "--only", "dpaf-ablations", "--also", str(committed)) == 0
+    assert "| μ = 8, GC | 3/3 | 9.96 / 9.1 | 0.710 ± 0.010 |" in claims.split_blocks(out.read_text())["mnist-5k"]
 
 
 def test_claims_md_is_in_the_repo_covers_every_claim_on_every_dataset_and_is_linked():
@@ -302,7 +332,7 @@ def test_claims_md_is_in_the_repo_covers_every_claim_on_every_dataset_and_is_lin
         for claim_id, (verdict, name) in verdicts.items():
             assert f"[**{verdict}**](#{name})" in text.split("<!-- claims:dataset=")[0], (dataset, claim_id)
     assert "benchmarks/CLAIMS.md" in (ROOT / "README.md").read_text()
-    assert "claims.py --run" in (ROOT / "Makefile").read_text()
+    assert "bench claims --run" in (ROOT / "Makefile").read_text()
 
 
 def test_reference_rows_use_our_method_names():
@@ -337,18 +367,20 @@ def test_a_section_rendered_from_more_runs_than_this_machine_holds_is_kept(tmp_p
     assert claims.KEPT_NOTE not in fresh and "| n_D = 5 | 3/3 |" in fresh
 
 
-def test_a_committed_record_counts_for_its_cell(tmp_path):
+def test_a_committed_record_counts_for_its_cell(tmp_path, monkeypatch):
     """``also_results``: a cell whose record sits complete in a committed directory is read
-    from there (and not run again); one found nowhere is run under ``results``."""
+    from there (and not run again); one found nowhere is run under ``results``. The file's
+    paths are relative to the working directory (make claims: the checkout)."""
+    monkeypatch.chdir(ROOT)
     spec = claims.load_claims(CLAIMS_YAML)
     assert [p.relative_to(ROOT).as_posix() for p in claims.committed_roots(spec)] == ["benchmarks/mnist_runs"]
     learns = next(c for c in spec["claims"] if c["id"] == "mnist-learns")
-    cells = claims.build_arms(spec, learns, "mnist")["dpgan, long preset"].cells
+    cells = claims.build_arms(spec, learns, "mnist")["dpmerf, long preset"].cells
     committed = ROOT / "benchmarks" / "mnist_runs" / cells[0].run_name  # seed 0 of the long preset
     assert claims.record_dir(cells[0], tmp_path, claims.committed_roots(spec)) == committed
     missing = tmp_path / "nowhere"
     assert claims.record_dir(cells[0], tmp_path, [missing]) == tmp_path / cells[0].run_name
-    arm = claims.Arm("dpgan, long preset", cells[:1])
+    arm = claims.Arm("dpmerf, long preset", cells[:1])
     claims.read_arm(arm, tmp_path, also=claims.committed_roots(spec))
     assert len(arm.values["gen2real_cnn"]) == 1 and arm.values["gen2real_cnn"][0] > 0.5
 

@@ -198,7 +198,7 @@ def test_threshold_by_epsilon_reaches_the_scheduler(eps, threshold):
     assert m.scheduler.threshold == threshold
 
 
-def _ema_gan(ema_decay: float, steps: int = 6):
+def _ema_gan(ema_decay: float, steps: int = 6, ema_warmup: str = "bias-corrected"):
     from dpgen_bench.api import Budget, DataInfo, Split
     from dpgen_bench.privacy import PrivacyLedger
     from fake_context import FakeContext
@@ -206,19 +206,23 @@ def _ema_gan(ema_decay: float, steps: int = 6):
 
     g = torch.Generator().manual_seed(0)
     train = Split(torch.rand(64, *SHAPE, generator=g) * 2 - 1, torch.randint(0, 10, (64,), generator=g))
-    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8, steps=steps, ema_decay=ema_decay),
+    m = DPGAN(DPGANHparams(d_width=8, g_width=8, latent_dim=8, batch_size=8, steps=steps, ema_decay=ema_decay,
+                            ema_warmup=ema_warmup),
               DataInfo("t", SHAPE, 10, 64))
     budget = Budget(10.0)
     return m, train, budget, FakeContext(PrivacyLedger(budget, m.plan(budget)), seed=0)
 
 
-def test_generator_average_is_the_exponential_moving_average_of_the_iterates(monkeypatch):
+@pytest.mark.parametrize("warmup", ["none", "bias-corrected"])
+def test_generator_average_is_the_exponential_moving_average_of_the_iterates(monkeypatch, warmup):
     """ema_decay = β: after each G step G_ema ← β·G_ema + (1 − β)·G, buffers copied; the
-    released G is the average. Checked against the formula over the iterates a spy records."""
+    released G is the average ("bias-corrected": divided by 1 − β^T with G_ema starting at 0,
+    so none of G's initial weights remain). Checked against the formula over the iterates a spy
+    records."""
     from methods.dpgan import DPGAN
 
     beta = 0.7
-    m, train, budget, ctx = _ema_gan(beta)
+    m, train, budget, ctx = _ema_gan(beta, ema_warmup=warmup)
     start = [p.detach().clone() for p in m.G.parameters()]
     iterates = []
     real_g_step = DPGAN._g_step
@@ -232,9 +236,11 @@ def test_generator_average_is_the_exponential_moving_average_of_the_iterates(mon
     monkeypatch.setattr(DPGAN, "_g_step", spy)
     m.fit(train, budget, ctx)
     assert len(iterates) == 6  # n_d = 1: one G step per D step
-    expected = start
+    expected = start if warmup == "none" else [torch.zeros_like(s) for s in start]
     for params, _ in iterates:
         expected = [beta * e + (1 - beta) * p for e, p in zip(expected, params)]
+    if warmup == "bias-corrected":
+        expected = [e / (1 - beta ** len(iterates)) for e in expected]
     for got, want in zip(m.G.parameters(), expected):
         torch.testing.assert_close(got, want)
     for got, want in zip(m.G.buffers(), iterates[-1][1]):  # BatchNorm's statistics: the last iterate's

@@ -15,7 +15,8 @@ from dpgen_bench.sweep import Cell
 
 # (method, a --set that moves a late setting off its "as before" value)
 CASES = [("dpdm", "warmup=central"), ("dpgan", "ema_decay=0.99"), ("gan", "ema_decay=0.99"),
-         ("dpmerf", "generator=authors")]
+         ("dpmerf", "generator=authors"), ("dpdm", "ema_warmup=bias-corrected"),
+         ("gswgan", "ema_warmup=bias-corrected"), ("dpac", "ema_warmup=bias-corrected")]
 
 
 def test_every_method_with_late_settings_is_covered():
@@ -28,7 +29,11 @@ def test_runs_recorded_before_a_late_setting_keep_their_cell_key_and_identity(me
     """A plant: drop the method's late_hparams and this fails."""
     cls = methods.get(method)
     eps = 10.0 if cls.private else None
-    cfg = build_config(method, "digits", epsilon=eps, preset="quick", evaluators=["gen2real_cnn"], device="cpu")
+    now = build_config(method, "digits", epsilon=eps, preset="quick", evaluators=["gen2real_cnn"], device="cpu")
+    # the preset as it ran before the late settings existed: each at its "as before" value
+    before = [f"{k}={v}" for k, v in cls.late_hparams.items() if now.hparams[k] != v]
+    cfg = build_config(method, "digits", epsilon=eps, preset="quick", evaluators=["gen2real_cnn"], device="cpu",
+                       sets=before)
     old = cfg.to_json()  # as recorded then: without the late settings, under the names of the time
     former = {new: name for name, new in cls.renamed_hparams.items()}
     old["hparams"] = {former.get(k, k): v for k, v in old["hparams"].items() if k not in cls.late_hparams}
@@ -39,5 +44,5 @@ def test_runs_recorded_before_a_late_setting_keep_their_cell_key_and_identity(me
     priv = {"target": {"delta": 1e-5}, "private": cls.private}
     assert identity(old, priv) == identity(cfg.to_json(), priv)
     moved = build_config(method, "digits", epsilon=eps, preset="quick", evaluators=["gen2real_cnn"], device="cpu",
-                         sets=[change])
+                         sets=[*before, change])
     assert Cell(moved).key != old_key and identity(moved.to_json(), priv) != identity(old, priv)

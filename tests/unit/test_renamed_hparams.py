@@ -39,14 +39,20 @@ def test_a_record_with_former_names_keeps_its_cell_and_streams():
     assert {"width", "g_ema"} <= set(raw["hparams"])  # the fixture still holds the former names
     old = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
     assert old.hparams["d_width"] == 128 and old.hparams["ema_decay"] == 0.999 and "g_ema" not in old.hparams
-    now = build_config("dpgan", "mnist", epsilon=10, preset="long", seed=0, evaluators=["gen2real_cnn"])
-    assert now == old
+    # recorded before the bias-corrected average: the preset with the as-before warm-up (late_hparams)
+    now = build_config("dpgan", "mnist", epsilon=10, preset="long", seed=0, evaluators=["gen2real_cnn"],
+                       sets=["ema_warmup=none"])
+    assert now == old and old.hparams["ema_warmup"] == "none"
     assert Cell(now).key == OLD_RECORD.name.rsplit("-", 1)[1]  # a sweep finds the old run finished
     # the streams hash the former names: the old record's raw settings hash the same
     assert hashed_hparams("dpgan", now.hparams) == {k: v for k, v in raw["hparams"].items()}
     assert stream_key(now) == stream_key(old)
     priv = json.loads((OLD_RECORD / "privacy.json").read_text())
     assert identity(raw, priv) == identity(now.to_json(), priv)  # the report: one configuration
+    # today's warm-up: another cell and configuration, the same streams (it only post-processes the iterates)
+    unbiased = dataclasses.replace(now, hparams={**now.hparams, "ema_warmup": "bias-corrected"})
+    assert Cell(unbiased).key != Cell(now).key and stream_key(unbiased) == stream_key(now)
+    assert identity(unbiased.to_json(), priv) != identity(raw, priv)
 
 
 @pytest.mark.parametrize("method,old,new,value", [("dpgan", "g_ema", "ema_decay", 0.9),
@@ -68,8 +74,8 @@ def test_the_average_is_the_exponential_moving_average_with_buffers_copied():
         model.weight.normal_(), average.weight.normal_()
         model.running_mean.normal_()
     before = average.weight.detach().clone()
-    update_average(average, model, 0.9)
+    update_average(average, model, 0.9, 2, "none")
     torch.testing.assert_close(average.weight, 0.9 * before + 0.1 * model.weight.detach())
     assert torch.equal(average.running_mean, model.running_mean)
-    update_average(average, model, 0.0)  # decay 0: the model itself
+    update_average(average, model, 0.0, 3)  # decay 0: the model itself
     torch.testing.assert_close(average.weight, model.weight.detach())

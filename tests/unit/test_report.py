@@ -77,6 +77,21 @@ def test_cli_formats_and_out(tmp_path, cli_runner):
     assert "skipped 1 incomplete" in res.stderr
 
 
+@pytest.mark.parametrize("name, letter, golden", [("eps-rows", "a", GOLDEN_MARKDOWN_A),
+                                                   ("one-setting", "b", None), ("mia", "c", GOLDEN_MARKDOWN_C),
+                                                   ("eps-columns", "d", None)])
+def test_layouts_have_names_and_their_letters_still_work(tmp_path, cli_runner, name, letter, golden):
+    root = standard_records(tmp_path / "runs")
+    by_name, by_letter = (cli_runner.invoke(cli, ["report", "--results", str(root), "--layout", layout])
+                          for layout in (name, letter))
+    assert by_name.exit_code == 0 and by_letter.exit_code == 0, (by_name.stderr, by_letter.stderr)
+    assert by_name.stdout == by_letter.stdout and (golden is None or by_name.stdout == golden)
+    shown = cli_runner.invoke(cli, ["report", "--help"]).output
+    assert f"{name}:" in shown and "[eps-rows|one-setting|mia|eps-columns|tiers|audit|runs]" in shown
+    res = cli_runner.invoke(cli, ["report", "--results", str(root), "--layout", "e"])
+    assert res.exit_code == 2 and "'e' is not one of 'eps-rows', 'one-setting'" in res.stderr
+
+
 def test_empty_results_is_a_user_error(tmp_path, cli_runner):
     (tmp_path / "empty").mkdir()
     res = cli_runner.invoke(cli, ["report", "--results", str(tmp_path / "empty")])
@@ -357,24 +372,67 @@ def test_layout_tiers_sets_a_minute_an_hour_and_the_paper_side_by_side(tmp_path,
     assert list(row)[-1] == "gan"  # ε = ∞ rows last
 
 
-def test_layout_tiers_takes_the_papers_own_row(monkeypatch):
+def _tiers_beside_references(monkeypatch, methods=("dpgan", "dpaf", "dpmerf", "gan")):
+    """The tiers table of one plain run per method (mnist, ε = 10) beside references.csv."""
     from dpgen_bench.report.references import load_references
 
     rows = []
-    for m, acc in (("dpgan", 0.2), ("dpaf", 0.1), ("dpmerf", 0.5), ("gan", 0.6)):
+    for i, m in enumerate(methods):
         eps = math.inf if m == "gan" else 10.0
         rows.append({"run_id": m, "method": m, "dataset": "mnist", "preset": "x", "seed": 0, "members": 0,
                      "eps_target": eps, "delta": 1e-5, "eps_rdp": eps, "eps_prv": eps, "metric": "gen2real_cnn",
-                     "value": acc, "source": "ours", "finished": 1.0, "caveat": None, "run_dir": None})
+                     "value": 0.1 * (i + 1), "source": "ours", "finished": 1.0, "caveat": None, "run_dir": None})
     long = T.label_variants(pd.concat([pd.DataFrame(rows), load_references()], ignore_index=True))
     long.loc[long["source"] == "ours", "variant"] = "v"
     monkeypatch.setattr(T, "_preset_variant", lambda *a: "v")  # every row of ours is its preset's plain run
-    tab = T.layout_tiers(long, "mnist", 10.0)
+    return T.layout_tiers(long, "mnist", 10.0)
+
+
+def test_layout_tiers_takes_the_papers_own_row(monkeypatch):
+    tab = _tiers_beside_references(monkeypatch)
     got = {r[0]: (c[-2].text(), c[-1]) for r, c in zip(tab.rows, tab.cells)}
     assert got["dpgan"] == ("0.930", "private-gans-revisited-tmlr2023:Table 2")  # "This work"
-    assert got["dpaf"] == ("0.748", "dpaf:Table 1")  # DPAF's own Table 1 row
+    assert got["dpaf"] == ("0.748 ‡", "dpaf:Table 1")  # DPAF's own Table 1 row, by its own accounting
     assert got["dpmerf"] == ("0.821", "private-gans-revisited-tmlr2023:Table 2")  # cites Cao et al. (2021)
     assert got["gan"] == ("0.970", "private-gans-revisited-tmlr2023:Table 2")
+
+
+def test_layout_tiers_marks_a_paper_number_whose_epsilon_is_per_row_accounting(monkeypatch):
+    """GS-WGAN's and DP-GAN-DPAC's published ε amplifies each of a step's B rows on its own: their
+    paper numbers are marked ‡, with one note that gives the published setting's joint ε; numbers
+    of standard accounting (DP-MERF's, Private GANs' DPGAN) are not marked."""
+    from dpgen_bench.report.references import ACCOUNTING
+
+    tab = _tiers_beside_references(monkeypatch, ("gswgan", "dpac", "dpgan", "dpmerf"))
+    got = {r[0]: (c[-2].text(), c[-1]) for r, c in zip(tab.rows, tab.cells)}
+    assert got["gswgan"] == ("0.800 ‡", "private-gans-revisited-tmlr2023:Table 2")
+    assert got["dpac"] == ("0.880 ‡", "dp-gan-dpac-cvpr2023:Table 2")
+    assert got["dpgan"] == ("0.930", "private-gans-revisited-tmlr2023:Table 2")
+    assert got["dpmerf"] == ("0.821", "private-gans-revisited-tmlr2023:Table 2")
+    (note,) = tab.notes  # one note for both: the same accounting, the same published setting
+    assert note.startswith(f"{T.CAVEAT_MARK} {ACCOUNTING['per-row'][0]}") and "ε = 329" in note
+    assert "\n" not in note and "What GS-WGAN's published ε costs" in note
+    md = T.render_markdown(tab)
+    assert "| gswgan | 10 / 10 | 0.100 (n=1) | 0.800 ‡ |" in md and md.rstrip().endswith(note)
+    assert "paper mark" in T.render_csv(tab)  # CSV keeps the mark beside the number
+
+
+def test_published_numbers_carry_their_accounting_into_every_layout(monkeypatch):
+    """references.csv says what each published ε is; layouts without a paper column mark the
+    paper row's ε spent cell instead."""
+    from dpgen_bench.report.references import ACCOUNTING, PATH, load_references
+
+    raw = pd.read_csv(PATH)
+    assert set(raw["accounting"]) == set(ACCOUNTING)
+    assert (raw.loc[raw["method"].isin(["gswgan", "dpac"]), "accounting"] == "per-row").all()
+    assert (raw.loc[raw["method"] == "dpaf", "accounting"] == "dpaf-paper").all()
+    assert raw.loc[raw["accounting"] == "standard", "eps_sound"].isna().all()
+    ref = load_references()
+    agg = T.aggregate(ref[ref["dataset"] == "mnist"])
+    tab = T.layout_b(agg, "mnist", 10.0)
+    spent = {r[0]: c[1] for r, c in zip(tab.rows, tab.cells)}
+    assert spent["gswgan (paper)"] == "— ‡" and spent["dpac (paper)"] == "— ‡"
+    assert spent["dpgan (paper)"] == "—"
 
 
 def test_layout_tiers_keeps_a_seed_of_each_root_when_each_root_holds_one_configuration(tmp_path, cli_runner):

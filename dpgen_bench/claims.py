@@ -1,19 +1,23 @@
-"""Check the seed papers' claims on each dataset of ``claims.yaml`` and write ``benchmarks/CLAIMS.md``.
+"""``bench claims``: check papers' claims, kept as data in a claims file (``benchmarks/claims.yaml``),
+against run records, and write the verdicts (``benchmarks/CLAIMS.md``).
 
-    python benchmarks/claims.py [--run] [--jobs N] [--dataset D,...] [--only ID,...] [--require-commit REV]
-                                [--results DIR] [--out FILE]
+    bench claims [CLAIMS_FILE] [--run] [--jobs N] [--dataset D,...] [--only ID,...] [--require-commit REV]
+                 [--results DIR] [--also DIR ...] [--out FILE] [--figures DIR]
 
-Reads ``benchmarks/claims.yaml`` (its header says what an arm and an expectation are). Every
-arm is expanded once per dataset of the file's ``datasets`` (a claim's own ``datasets``
-narrows that); ``--dataset`` limits what is run and rendered to some of them. ``--run`` first
-runs every cell that has no complete record (``bench sweep``'s machinery: deterministic run
-directories, complete cells skipped, crashed ones run again); without it the file is written
-from the records already there, and an arm without its seeds says so. Every number in a
-block rendered this time is recomputed from the run records.
+Reads the claims file (``benchmarks/claims.yaml``'s header says what an arm and an expectation
+are). Every arm is expanded once per dataset of the file's ``datasets`` (a claim's own
+``datasets`` narrows that); ``--dataset`` limits what is run and rendered to some of them.
+``--run`` first runs every cell that has no complete record (``bench sweep``'s machinery:
+deterministic run directories, complete cells skipped, crashed ones run again); without it the
+file is written from the records already there, and an arm without its seeds says so. Every
+number in a block rendered this time is recomputed from the run records. The file's roots
+(``results``: where its runs go; ``also_results``: committed records that count as runs of their
+cells) are paths relative to the working directory, as every path ``bench`` takes;
+``--results`` replaces the first, ``--also`` adds to the second.
 
 A record is reused for as long as its cell's config is unchanged, whatever code changed
-since (2026-11-27: the digits sections still held runs from before the evaluator CNN was
-seeded, f194080). Each section therefore names the commits its records were made at
+since (the digits sections once still held runs from before the evaluator CNN was seeded,
+f194080). Each section therefore names the commits its records were made at
 (``env.json``), and ``--require-commit REV`` treats a record made by code without REV as
 missing: ``--run`` runs it again (the old directory kept as ``.stale-…``), a render without
 ``--run`` leaves it out and says how many.
@@ -36,10 +40,9 @@ content but no markers when only some datasets are rendered, is refused, not ove
 
 from __future__ import annotations
 
-import argparse
+import logging
 import math
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,16 +52,14 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from . import store
+from .errors import UserError
+from .report.references import load_references
+from .report.table import higher_is_better
+from .sweep import Cell, expand, run_sweep
 
-from dpgen_bench import store  # noqa: E402
-from dpgen_bench.errors import UserError  # noqa: E402
-from dpgen_bench.logs import setup_logging  # noqa: E402
-from dpgen_bench.report.references import load_references  # noqa: E402
-from dpgen_bench.report.table import higher_is_better  # noqa: E402
-from dpgen_bench.sweep import Cell, expand, run_sweep  # noqa: E402
-
+DEFAULT_FILE = Path("benchmarks") / "claims.yaml"  # relative to the working directory, as bench's other paths
+log = logging.getLogger("dpgen_bench")
 ARM_ONLY = ("ref", "per_dataset")  # arm keys that are not grid keys
 REPRODUCED, NOT_REPRODUCED, UNTESTABLE, INCONCLUSIVE, MISSING = (
     "reproduced", "not reproduced", "not testable at this scale", "inconclusive", "not run yet")
@@ -141,8 +142,9 @@ def build_arms(spec: dict, claim: dict, dataset: str) -> dict[str, Arm]:
 
 def committed_roots(spec: dict) -> list[Path]:
     """The file's ``also_results``: committed record directories (e.g. the hour-long runs of
-    benchmarks/mnist_runs) where a cell's record counts as if it were under ``results``."""
-    return [ROOT / r for r in spec.get("also_results") or []]
+    benchmarks/mnist_runs) where a cell's record counts as if it were under ``results``;
+    relative to the working directory."""
+    return [Path(r).absolute() for r in spec.get("also_results") or []]
 
 
 def record_dir(cell: Cell, root: Path, also: list[Path] = ()) -> Path:
@@ -158,8 +160,8 @@ def draw_figures(arms: dict[str, Arm], root: Path, out: Path, also: list[Path] =
     """A claim's figures (those of ``bench report --figures``: the metric against ε, sample
     grids) from its own complete records only, linked into ``out/runs`` (rebuilt each time:
     a run of an earlier setting leaves); the other claims' records in ``root`` would crowd them."""
-    from dpgen_bench.report import table as T
-    from dpgen_bench.report.figures import all_figures
+    from .report import table as T
+    from .report.figures import all_figures
 
     links = out / "runs"
     links.mkdir(parents=True, exist_ok=True)
@@ -285,7 +287,8 @@ def check(spec: dict, exp: dict, arms: dict[str, Arm]) -> list[tuple[str, str]]:
     if kind == "paper_order":
         ref = exp["reference"]
         refs = load_references()
-        refs = refs[refs["run_id"].str.startswith(f"{ref['paper']}:{ref['table']}") & (refs["dataset"] == ref["dataset"])
+        refs = refs[refs["run_id"].str.startswith(f"{ref['paper']}:{ref['table']}")
+                    & (refs["dataset"] == ref["dataset"])
                     & (refs["eps_target"] == float(ref["eps"])) & (refs["metric"] == ref["metric"])]
         paper = {a.name: refs.loc[refs["method"] == a.ref, "value"] for a in arms.values() if a.ref}
         paper = {k: float(v.iloc[0]) for k, v in paper.items() if len(v)}
@@ -429,7 +432,9 @@ def replace_sections(previous: str, fresh: str, dataset: str, claims: list[dict]
             out = f"{head}\n{new[1]}\n{sep}{tail}" if sep else f"{out}\n\n{new[1]}"
     # which sections were re-rendered when: the previous note's entries, then these claims today
     dates: dict[str, str] = {}
-    earlier = re.search(r"\n+_Sections (.*?) \(`claims.py --only`\); the others as last regenerated._$", out, re.S)
+    # `claims.py --only`: the note as written before the command was bench claims
+    earlier = re.search(r"\n+_Sections (.*?) \(`(?:bench claims|claims\.py) --only`\); the others as last "
+                        r"regenerated._$", out, re.S)
     if earlier:
         for group in re.finditer(r"(.+?) re-rendered (\d{4}-\d{2}-\d{2})(?:; |$)", earlier.group(1)):
             dates.update(dict.fromkeys(group.group(1).split(", "), group.group(2)))
@@ -442,7 +447,7 @@ def replace_sections(previous: str, fresh: str, dataset: str, claims: list[dict]
     for cid, d in dates.items():
         by_date.setdefault(d, []).append(cid)
     groups = "; ".join(f"{', '.join(ids)} re-rendered {d}" for d, ids in sorted(by_date.items()))
-    return f"{out}\n\n_Sections {groups} (`claims.py --only`); the others as last regenerated._"
+    return f"{out}\n\n_Sections {groups} (`bench claims --only`); the others as last regenerated._"
 
 
 _BLOCK = re.compile(r"^<!-- claims:dataset=([^\s>]+) -->\n(.*?)\n<!-- /claims:dataset=\1 -->$", re.S | re.M)
@@ -475,17 +480,18 @@ def block_verdicts(block: str, dataset: str, claims: list[dict]) -> dict[str, tu
     return out
 
 
-def render(spec: dict, blocks: dict[str, str]) -> str:
+def render(spec: dict, blocks: dict[str, str], source: str | Path = DEFAULT_FILE) -> str:
     """The whole file: the header, the summary (read back from ``blocks``), then the blocks in
-    the order of the file's datasets (a kept block of a dataset the file no longer lists last)."""
+    the order of the file's datasets (a kept block of a dataset the file no longer lists last);
+    ``source``: the claims file, as the header names it."""
     datasets = [d for d in spec["datasets"] if d in blocks] + [d for d in blocks if d not in spec["datasets"]]
     listed = spec["datasets"] + [d for d in datasets if d not in spec["datasets"]]
     names = ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
     lines = [f"# The papers' claims on {names}", "",
-             "Generated by `python benchmarks/claims.py` (or `make claims`, which first runs what is missing) from "
-             f"`benchmarks/claims.yaml` and the run records under `{spec.get('results', 'results/claims')}`"
+             "Generated by `bench claims` (or `make claims`, which first runs what is missing) from "
+             f"`{Path(source).as_posix()}` and the run records under `{spec.get('results', 'results/claims')}`"
              + "".join(f" and the committed ones in `{r}`" for r in spec.get("also_results") or []) + "; do not "
-             "edit by hand. Each dataset has its own block below, regenerated by `claims.py --dataset D` (the other "
+             "edit by hand. Each dataset has its own block below, regenerated by `bench claims --dataset D` (the other "
              "blocks are kept as they are, so each block carries its own date); the table gathers every claim's "
              "verdict on each. Numbers are mean ± std over seeds on the real test split of the block's dataset "
              "(n shown when fewer seeds are complete); a comparison is a one-sided Welch t-test at "
@@ -510,88 +516,77 @@ def render(spec: dict, blocks: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--claims", default=str(ROOT / "benchmarks" / "claims.yaml"))
-    ap.add_argument("--results", default=None, help="Root of the claims' run directories [default: the file's].")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "CLAIMS.md"))
-    ap.add_argument("--run", action="store_true", help="Run the cells without a complete record first.")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--require-commit", default=None, metavar="REV",
-                    help="Records made by code without git commit REV (a fix made since) count as missing: "
-                         "--run runs them again (the old directory kept as .stale-…), a render leaves them out.")
-    ap.add_argument("--dataset", default=None,
-                    help="Comma-separated datasets to run and render [default: every dataset of the file]; "
-                         "the other datasets' blocks in --out are kept as they are.")
-    ap.add_argument("--only", default=None,
-                    help="Comma-separated claim ids: run and re-render those claims' sections only; the other "
-                         "sections of each block are kept as they are.")
-    ap.add_argument("--figures", default=None, metavar="DIR",
-                    help="Also draw each rendered claim's figures from its own records, in DIR/<claim>-<dataset>/.")
-    args = ap.parse_args(argv)
-    setup_logging(False)
+def _shown(path: Path) -> str:
+    """``path`` as CLAIMS.md's header names it: relative to the working directory when under it."""
     try:
-        spec = load_claims(Path(args.claims))
-        root = Path(args.results or ROOT / spec.get("results", "results/claims"))
-        claims = spec["claims"]
-        if args.only:
-            wanted = set(args.only.split(","))
-            unknown = wanted - {c["id"] for c in claims}
-            if unknown:
-                raise UserError(f"unknown claim ids {sorted(unknown)}")
-            claims = [c for c in claims if c["id"] in wanted]
-        datasets = spec["datasets"]
-        if args.dataset:
-            wanted = {d.strip() for d in args.dataset.split(",") if d.strip()}
-            unknown = wanted - set(datasets)
-            if unknown or not wanted:
-                raise UserError(f"unknown datasets {sorted(unknown)} ({Path(args.claims).name} has: "
-                                f"{', '.join(datasets)})")
-            datasets = [d for d in datasets if d in wanted]
-        out = Path(args.out)
-        old = out.read_text() if out.exists() else ""
-        blocks = split_blocks(old)
-        if old.strip() and not blocks and set(datasets) != set(spec["datasets"]):
-            raise UserError(f"{out} has no <!-- claims:dataset=… --> blocks: rendering only {', '.join(datasets)} "
-                            "would drop what it holds (render every dataset, or wrap it in its dataset's block)")
-        arms = {(d, c["id"]): build_arms(spec, c, d) for d in datasets for c in claims if d in claim_datasets(spec, c)}
-        seconds = None
-        required = store.resolve_commit(args.require_commit) if args.require_commit else None
-        also = committed_roots(spec)
-        if args.run:
-            cells = {cell.run_name: cell for by_name in arms.values() for a in by_name.values() for cell in a.cells
-                     if record_dir(cell, root, also).parent == root}  # committed ones: done
-            t = time.time()
-            counts = run_sweep(list(cells.values()), root, jobs=args.jobs, require_commit=required)
-            seconds = time.time() - t
-            print(f"claims: {counts['ran']} runs, {counts['done']} already complete, {counts['failed']} failed",
-                  file=sys.stderr)
-        for by_name in arms.values():
-            for a in by_name.values():
-                read_arm(a, root, required, also)
-        stale = sum(a.stale for by_name in arms.values() for a in by_name.values())
-        if stale:
-            print(f"claims: {stale} records made without {args.require_commit} left out (--run runs them again)",
-                  file=sys.stderr)
-        if args.figures:
-            for (d, claim_id), by_name in arms.items():
-                paths = draw_figures(by_name, root, Path(args.figures) / f"{claim_id}-{d}", also)
-                print(f"claims: {len(paths)} figure files for {claim_id} on {d}", file=sys.stderr)
-        for d in datasets:
-            covered = [c for c in claims if (d, c["id"]) in arms]
-            block = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
-                                 previous=blocks.get(d, ""), require_commit=required)
-            blocks[d] = replace_sections(blocks[d], block, d, covered) if args.only and d in blocks else block
-        with store.atomic_open(args.out, "w") as f:
-            f.write(render(spec, blocks))
-        kept = [d for d in blocks if d not in datasets]
-        print(f"wrote {args.out} ({', '.join(datasets)}{'; kept ' + ', '.join(kept) if kept else ''})",
-              file=sys.stderr)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_claims(claims_file: str | Path = DEFAULT_FILE, *, results: str | Path | None = None,
+               also: tuple[str | Path, ...] = (), out: str | Path | None = None, run: bool = False, jobs: int = 2,
+               require_commit: str | None = None, datasets: str | None = None, only: str | None = None,
+               figures: str | Path | None = None) -> Path:
+    """``bench claims``: (with ``run``) run the cells without a complete record, then write
+    ``out`` (default: CLAIMS.md beside the claims file); returns the file written. ``datasets``
+    and ``only`` are comma-separated: the datasets whose blocks, and the claims whose sections,
+    are run and rendered (the rest kept as they stand). A mistake is a ``UserError``."""
+    claims_file = Path(claims_file)
+    if not claims_file.is_file():
+        raise UserError(f"no claims file at {claims_file} (bench claims CLAIMS_FILE)")
+    spec = load_claims(claims_file)
+    root = Path(results or spec.get("results", "results/claims"))
+    claims = spec["claims"]
+    if only:
+        wanted = set(only.split(","))
+        unknown = wanted - {c["id"] for c in claims}
+        if unknown:
+            raise UserError(f"unknown claim ids {sorted(unknown)}")
+        claims = [c for c in claims if c["id"] in wanted]
+    chosen = spec["datasets"]
+    if datasets:
+        wanted = {d.strip() for d in datasets.split(",") if d.strip()}
+        unknown = wanted - set(chosen)
+        if unknown or not wanted:
+            raise UserError(f"unknown datasets {sorted(unknown)} ({claims_file.name} has: {', '.join(chosen)})")
+        chosen = [d for d in chosen if d in wanted]
+    out = Path(out) if out else claims_file.with_name("CLAIMS.md")
+    old = out.read_text() if out.exists() else ""
+    blocks = split_blocks(old)
+    if old.strip() and not blocks and set(chosen) != set(spec["datasets"]):
+        raise UserError(f"{out} has no <!-- claims:dataset=… --> blocks: rendering only {', '.join(chosen)} "
+                        "would drop what it holds (render every dataset, or wrap it in its dataset's block)")
+    arms = {(d, c["id"]): build_arms(spec, c, d) for d in chosen for c in claims if d in claim_datasets(spec, c)}
+    seconds = None
+    required = store.resolve_commit(require_commit) if require_commit else None
+    committed = committed_roots(spec) + [Path(a).absolute() for a in also]
+    if run:
+        if jobs < 1:
+            raise UserError("--jobs must be ≥ 1")
+        cells = {cell.run_name: cell for by_name in arms.values() for a in by_name.values() for cell in a.cells
+                 if record_dir(cell, root, committed).parent == root}  # committed ones: done
+        t = time.time()
+        counts = run_sweep(list(cells.values()), root, jobs=jobs, require_commit=required)
+        seconds = time.time() - t
+        log.info("claims: %d runs, %d already complete, %d failed", counts["ran"], counts["done"], counts["failed"])
+    for by_name in arms.values():
+        for a in by_name.values():
+            read_arm(a, root, required, committed)
+    stale = sum(a.stale for by_name in arms.values() for a in by_name.values())
+    if stale:
+        log.info("claims: %d records made without %s left out (--run runs them again)", stale, require_commit)
+    if figures:
+        for (d, claim_id), by_name in arms.items():
+            paths = draw_figures(by_name, root, Path(figures) / f"{claim_id}-{d}", committed)
+            log.info("claims: %d figure files for %s on %s", len(paths), claim_id, d)
+    for d in chosen:
+        covered = [c for c in claims if (d, c["id"]) in arms]
+        block = render_block(spec, d, covered, {c["id"]: arms[d, c["id"]] for c in covered}, seconds,
+                             previous=blocks.get(d, ""), require_commit=required)
+        blocks[d] = replace_sections(blocks[d], block, d, covered) if only and d in blocks else block
+    with store.atomic_open(out, "w") as f:
+        f.write(render(spec, blocks, _shown(claims_file)))
+    kept = [d for d in blocks if d not in chosen]
+    log.info("wrote %s (%s%s)", out, ", ".join(chosen), "; kept " + ", ".join(kept) if kept else "")
+    return out

@@ -1,0 +1,121 @@
+"""The weight average's warm-up, A/B on one training: the released generator of a run (the
+bias-corrected average, ``dpgen_bench/nets/averaging.py``) against the plain average started at
+G's initial weights (the records before it) and against G's last iterate, each sampled and
+evaluated as ``bench run`` does (same sampling seed, same evaluators, validation split).
+
+One training serves all three: with ``A_T`` the bias-corrected average after ``T`` updates and
+``θ_0`` the initial weights, the plain average is exactly ``β^T θ_0 + (1 − β^T) A_T`` (both
+weigh the iterates alike; the plain one keeps ``β^T`` for θ_0), θ_0 is rebuilt from the seed as
+the runner builds it, and the last iterate is saved when the fit ends.
+
+    python benchmarks/ema_ab.py --seed 0                      # dpgan long, mnist, ε = 10, val
+    python benchmarks/ema_ab.py --method gan --set steps=200  # any method whose G is averaged
+
+It resumes an interrupted run (its directory under --results) and appends its row to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from dpgen_bench import runner, store
+from dpgen_bench.api import DataInfo
+from dpgen_bench.config import build_config
+from dpgen_bench.nets.averaging import initial_share
+from dpgen_bench import registry
+
+import methods.dpgan as dpgan_module
+
+LAST = "last_iterate.pt"
+
+
+def _capture_last_iterate() -> None:
+    """Wrap DPGAN.fit (gan inherits it): the last G iterate, before the average replaces it."""
+    real_fit, real_update = dpgan_module.DPGAN.fit, dpgan_module.update_average
+    seen: dict = {}
+
+    def update(average, model, decay, step, warmup="bias-corrected"):
+        seen["state"], seen["step"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, step
+        return real_update(average, model, decay, step, warmup)
+
+    def fit(self, train, budget, ctx):
+        dpgan_module.update_average = update
+        try:
+            real_fit(self, train, budget, ctx)
+        finally:
+            dpgan_module.update_average = real_update
+        torch.save({"G": seen["state"], "updates": seen["step"]}, Path(ctx.run_dir) / LAST)
+
+    dpgan_module.DPGAN.fit = fit
+
+
+def _evaluate(cfg, run_dir: Path, g_state: dict) -> float:
+    """gen2real of the generator with ``g_state``, sampled and evaluated as the runner does."""
+    p = runner.prepare(cfg)
+    p.method.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True))
+    p.method.G.load_state_dict(g_state)
+    p.method.G.eval()
+    labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
+    images, labels = p.method.sample(len(labels), labels, runner.sample_generator(cfg.seed))
+    runner.seed_everything(cfg.seed)
+    out = runner.run_evaluators(cfg, p.data, p.method, p.device, images.detach().cpu().float(), labels)
+    return out["metrics"]["gen2real_cnn"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", default="dpgan")
+    ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--preset", default="long")
+    ap.add_argument("--eps", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--results", default="results/ema_ab")
+    ap.add_argument("--out", default="benchmarks/ema_ab.json")
+    a = ap.parse_args()
+    eps = a.eps if a.method != "gan" and math.isfinite(a.eps) else None
+    cfg = build_config(a.method, a.dataset, epsilon=eps, preset=a.preset, seed=a.seed, sets=a.sets,
+                       evaluators=["gen2real_cnn"], eval_split="val")
+    if cfg.hparams["ema_warmup"] != "bias-corrected" or not cfg.hparams["ema_decay"] > 0:
+        raise SystemExit("the run must keep a bias-corrected average (ema_decay > 0, ema_warmup=bias-corrected)")
+    run_dir = Path(a.results) / f"{a.method}-{a.dataset}-{a.preset}-s{a.seed}"
+    _capture_last_iterate()
+    t0 = time.time()
+    if not (run_dir / store.COMPLETE_MARKER).is_file():
+        if (run_dir / "resume.pt").is_file():
+            runner.resume(run_dir)
+        else:
+            runner.run(cfg, out=str(run_dir))
+    ours = store.read_json(run_dir / store.COMPLETE_MARKER)["metrics"]["gen2real_cnn"]
+    last = torch.load(run_dir / LAST, weights_only=True)
+    cls = registry.methods.get(a.method)
+    p = runner.prepare(cfg)
+    theta0 = runner.build_method(cfg, cls, DataInfo(p.data.name, p.data.image_shape, p.data.num_classes,
+                                                    p.method.info.n_train)).G.state_dict()
+    average = torch.load(run_dir / "checkpoint.pt", weights_only=True)["G"]
+    beta, T = cfg.hparams["ema_decay"], int(last["updates"])
+    keep = beta ** T
+    plain = {k: (keep * theta0[k] + (1 - keep) * v) if v.is_floating_point() and "running" not in k else v
+             for k, v in average.items()}
+    row = {"method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
+           "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
+           "initial_share_plain": initial_share(beta, T, "none"),
+           "gen2real_cnn": {"bias-corrected": ours, "plain": _evaluate(cfg, run_dir, plain),
+                            "last_iterate": _evaluate(cfg, run_dir, last["G"])},
+           "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
+    out = Path(a.out)
+    rows = json.loads(out.read_text()) if out.is_file() else []
+    rows = [r for r in rows if (r["method"], r["preset"], r["seed"], r["sets"]) !=
+            (a.method, a.preset, a.seed, a.sets)] + [row]
+    store.write_json(out, rows)
+    print(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
