@@ -44,7 +44,7 @@ def main() -> None:
     for m in names:
         cls = registry.methods.get(m)
         for preset in a.presets.split(","):
-            if a.dataset not in cls.presets.get(preset, {}):
+            if not {a.dataset, "*"} & set(cls.presets.get(preset, {})):
                 continue
             t = time.time()
             cfg = build_config(m, a.dataset, epsilon=a.eps, preset=preset, seed=0)

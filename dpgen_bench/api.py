@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .config import EVAL_SPLITS  # noqa: F401 - re-exported; defined there so that the CLI need not import torch
+from .identity import BOOKKEEPING_HPARAMS
 
 
 # --------------------------------------------------------------------------- data
@@ -317,22 +318,22 @@ class Method(abc.ABC):
     Hparams: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {}
     # Hparams that change how a run is computed but not what it trains (logging, threads,
-    # memory chunking). `bench report` ignores them when it tells configurations apart;
-    # every other hparam that differs between two runs makes them different table rows.
-    bookkeeping_hparams: ClassVar[frozenset[str]] = frozenset({"log_every", "torch_threads"})
+    # memory chunking): they change neither its random streams, its sweep cell nor its `bench
+    # report` row (``dpgen_bench.identity``); every other hparam that differs makes two runs differ.
+    bookkeeping_hparams: ClassVar[frozenset[str]] = BOOKKEEPING_HPARAMS  # log_every, torch_threads
     # Hparams added after runs of the method were recorded, each with the value that means
     # "as before" (e.g. dpdm's warmup="none"): at that value a sweep cell's key and `bench
     # report`'s configuration identity leave them out, so the runs recorded without them
-    # stay the same configuration (``config.stable_hparams``).
+    # stay the same configuration (``identity.stable_hparams``).
     late_hparams: ClassVar[dict[str, Any]] = {}
     # Hparams renamed after runs were recorded, old name -> current name: records, --set and
     # config files with the old name still load, and a sweep cell's key and the random
-    # streams' key hash the old name, so renaming changes no run (``config.hashed_hparams``).
+    # streams' key hash the old name, so renaming changes no run (``identity.hashed_hparams``).
     renamed_hparams: ClassVar[dict[str, str]] = {}
     # Measured wall seconds of one run with a preset, ``{preset: {dataset: seconds}}`` (fit,
     # sampling and gen2real CNN, one CPU thread, two runs sharing two cores): a parallel `bench
     # sweep` starts its longest cells first so that no long cell starts last. Only the order of
-    # cells depends on it; tests/test_readme.py holds `make demo` to its 5 minutes with them.
+    # cells depends on it; tests/test_readme.py holds `make demo`'s schedule to its budget with them.
     preset_seconds: ClassVar[dict[str, dict[str, float]]] = {}
     # A floor (e.g. dpmean's DP class means): the utility–privacy figures draw it as a band
     # across the ε axis, never as a line.

@@ -210,9 +210,12 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
         bound = attack_bounds(canaries.scores, canaries.included, delta=p.budget.delta, confidence=per_attack,
                               profile=profile)
         bound["releases"] = canaries.steps
+        score = getattr(canaries, "score_kind", "sum")
+        if score == "mixture":  # the plain signed sum's separation beside it (a diagnostic)
+            bound["auc_signed_sum"] = float(roc_auc_score(canaries.included, canaries.signed_sums))
         attacks[f"white_box_grad_{name}"] = bound
         observed[name] = {"canaries": type(canaries).__name__, "count": len(canaries.included),
-                          "releases": canaries.steps,
+                          "releases": canaries.steps, "score": score,
                           "sample_rate": canaries.sample_rate,
                           "noise_multiplier": planned[name].noise_multiplier if name in planned else None}
     eps = record["privacy"]["epsilon"]
@@ -223,7 +226,8 @@ def run_white_box_audit(config: RunConfig, *, out: str | None = None, results: s
         "canaries": config.gradient_canaries,
         "canary_kind": "inside each private part's release: Dirac (±C·e_i) in a DP optimizer, orthogonal "
                        "worst-case changes of the clipped batch in a sanitiser, Δ·e_i in a one-shot sum; "
-                       "included w.p. 1/2, sampled at the part's rate",
+                       "included w.p. 1/2, sampled at the part's rate; scored by the signed sum over releases "
+                       "or, where a part says so (GS-WGAN's 1/K), each release's likelihood ratio",
         "confidence": confidence, "confidence_per_attack": per_attack, "delta": p.budget.delta,
         "epsilon_accountant": {"rdp": eps_rdp, "prv": float(eps["prv"])},
         "attacks": attacks, "parts_observed": observed,

@@ -14,7 +14,7 @@ grid, ``dpgen_bench.run``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import json
 import math
 import types
@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import registry, settings
+from . import identity, registry, settings
 from .errors import UserError
+# which settings change a run's random streams, its sweep cell and its report row: one rule, there
+from .identity import current_hparams, hashed_hparams, method_attribute, stable_hparams  # noqa: F401
 from .registry import suggest
 
 # the splits --eval-split accepts (dpgen_bench.api re-exports it; here so that the CLI can
@@ -113,67 +115,12 @@ def no_preset_message(method_cls: type, preset: str, dataset: str) -> str:
             "--set KEY=VALUE overrides one)")
 
 
-# settings that do not change what a run trains on or how: left out of its random streams' key
-_NOT_IN_STREAM_KEY = ("seed", "device", "evaluators", "samples_per_class", "noise_off")
-# hparams that only post-process the trained iterates (the weight average's warm-up): runs that
-# differ in them train the same iterates on the same batches and noise, a paired comparison
-_HPARAMS_NOT_IN_STREAM_KEY = ("ema_warmup",)
-
-
-def stream_key(config: "RunConfig") -> str:
-    """What a run's random streams are keyed by, beside its seed (``context.stream_seed``):
-    its training settings (method, dataset, ε, δ, preset, stable hparams, members, canaries,
-    split). Two runs differing in any of them draw independent batches and noise; a resumed
-    run (same config) draws the same. ``--noise-off`` is left out: its run is the noisy
-    run's pipeline with σ = 0, on the same batches (and releases nothing private)."""
-    d = {k: v for k, v in config.to_json().items() if k not in _NOT_IN_STREAM_KEY}
-    d["hparams"] = {k: v for k, v in hashed_hparams(config.method, config.hparams).items()
-                    if k not in _HPARAMS_NOT_IN_STREAM_KEY}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _method_attribute(method: str, attr: str) -> dict:
-    try:
-        return registry.methods.attribute(method, attr)
-    except Exception:  # noqa: BLE001 - a method not installed here: nothing renamed or late
-        return {}
-
-
-def current_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """``hparams`` with the method's ``renamed_hparams`` under their current names (a
-    record, ``--set`` or a config file from before a rename)."""
-    renamed = _method_attribute(method, "renamed_hparams")
-    return {renamed.get(k, k): v for k, v in hparams.items()}
-
-
 def recorded_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
     """A record's ``hparams`` under their current names, with each of the method's
     ``late_hparams`` it lacks at its "as before" value: a record made before a setting existed
     was made as that value says (dpgan's ``ema_warmup="none"``), whatever today's default is."""
-    late = _method_attribute(method, "late_hparams")
+    late = method_attribute(method, "late_hparams")
     return {**late, **current_hparams(method, hparams)} if late else current_hparams(method, hparams)
-
-
-def stable_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """``hparams`` under their current names, without the method's ``late_hparams`` that sit
-    at their "as before" value: a report's configuration identity, so that adding a setting
-    to a method does not orphan the runs recorded before it existed."""
-    late = _method_attribute(method, "late_hparams")
-    return {k: v for k, v in current_hparams(method, hparams).items() if not (k in late and _same(v, late[k]))}
-
-
-def hashed_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """``stable_hparams`` under the names they had when first recorded: what a sweep cell's
-    key and the random streams' key hash, so a renamed setting keeps every run's cell and
-    streams (a rename changes no result)."""
-    old = {new: old for old, new in _method_attribute(method, "renamed_hparams").items()}
-    return {old.get(k, k): v for k, v in stable_hparams(method, hparams).items()}
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return list(a) == list(b)
-    return a == b
 
 
 def hparam_fields(hparams_cls: type) -> dict[str, Any]:
@@ -274,6 +221,36 @@ def resolve_hparams(method_cls: type, preset: str, dataset: str, overrides: dict
     except (TypeError, ValueError) as e:
         raise UserError(f"invalid settings for '{method_cls.name}': {e}") from None
     return hp, run_level
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_hparams(method_cls: type, preset: str, dataset: str) -> dict[str, Any]:
+    try:
+        return dataclasses.asdict(resolve_hparams(method_cls, preset, dataset, {})[0])
+    except Exception:  # noqa: BLE001 - a preset gone or changed since the run: {}
+        return {}
+
+
+def preset_hparams(config: RunConfig) -> dict[str, Any]:
+    """The hparams of a plain run of the config's preset on its dataset ({} where that cannot
+    be resolved here): the values a run's bookkeeping settings are hashed at."""
+    try:
+        method_cls = registry.methods.get(config.method)
+    except Exception:  # noqa: BLE001 - a method not installed here
+        return {}
+    return _preset_hparams(method_cls, config.preset, config.dataset)
+
+
+def stream_key(config: RunConfig) -> str:
+    """What a run's random streams are keyed by, beside its seed (``context.stream_seed``):
+    the settings that count for them (``dpgen_bench.identity``). Two runs differing in any of
+    them draw independent batches and noise; a resumed run (same config) draws the same."""
+    return identity.stream_key(config.to_json(), preset_hparams(config))
+
+
+def cell_key(config: RunConfig) -> str:
+    """A sweep cell's key: the settings that count for it (``dpgen_bench.identity``)."""
+    return identity.cell_key(config.to_json(), preset_hparams(config))
 
 
 def parse_set(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:

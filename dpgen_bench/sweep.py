@@ -3,7 +3,8 @@ have a complete record, run the rest locally (in this process, or ``--jobs N`` p
 or on Ray (one task per run, ``num_gpus=1`` where a GPU exists), then report.
 
 Each cell has a deterministic run directory ``sweep-<method>-<dataset>-eps<ε>-s<seed>-<hash>``
-(the hash covers the fully resolved config), so a re-run finds what is done: a complete
+(the hash covers the settings that count for the cell: ``dpgen_bench.identity``, every
+resolved setting but the bookkeeping ones), so a re-run finds what is done: a complete
 record is skipped; an incomplete one (a crash, a kill) with a readable checkpoint is
 resumed from it (``bench run --resume``: the steps already spent stay spent), and one
 without is moved aside to a hidden ``.failed-…`` directory and run again. Records are
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import logging
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import registry, runner, store
-from .config import MAX_SEED, RunConfig, build_config, hashed_hparams, parse_seed
+from .config import MAX_SEED, RunConfig, build_config, cell_key, parse_seed
 from .errors import UserError
 from .logs import setup_logging
 
@@ -41,10 +41,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        cfg = self.config.to_json()
-        cfg["hparams"] = hashed_hparams(cfg["method"], cfg["hparams"])  # late settings left out, old names kept
-        blob = json.dumps(cfg, sort_keys=True, default=str)
-        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+        return cell_key(self.config)  # the settings that count for the cell (dpgen_bench.identity)
 
     @property
     def run_name(self) -> str:

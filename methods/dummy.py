@@ -1,12 +1,11 @@
 """The smallest complete method: per-class mean images released by the Gaussian mechanism.
 
-The example of README's "Adding a method" (and a fast method for tests, hidden from
+The example of docs/adding-a-method.md to copy (and a fast method for tests, hidden from
 ``bench list``). Each row is an image clipped to L2 norm C/√2 followed by the constant
 C/√2 (so ‖row‖ ≤ C, C = ``max_grad_norm``); one release is every class's row sum plus
 N(0, (σ·C)²): adding or removing one image moves it by at most C in L2, so σ is the noise
 multiplier the accountant expects, and the last coordinate is a noisy class count.
 ``steps`` releases compose; samples are the last release's mean plus N(0, 0.1²) noise.
-``overspend`` takes steps beyond the plan: the runner must refuse such a run.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.privacy import calibrate_noise
-from dpgen_bench.settings import NonNegativeInt, PositiveFloat, PositiveInt
+from dpgen_bench.settings import PositiveFloat, PositiveInt
 
 PART = "class_sums"
 
@@ -26,15 +25,14 @@ PART = "class_sums"
 class DummyHparams:
     steps: PositiveInt = 5  # releases of the class sums (a range, declared: bench list settings dummy)
     max_grad_norm: PositiveFloat = 1.0  # L2 bound per image
-    overspend: NonNegativeInt = 0  # tests: private steps beyond the plan
 
 
 class Dummy(Method):
-    """Test-only: Gaussian-mechanism class means."""
+    """Gaussian-mechanism class means."""
 
     name = "dummy"
     Hparams = DummyHparams
-    renamed_hparams = {"clip": "max_grad_norm"}  # old records and --set still load (api.Method)
+    # the suite's preset: a run key only (samples per class: docs/adding-a-method.md, "Run keys")
     presets = {"tiny": {"*": {"samples_per_class": 5}}}
 
     def __init__(self, hparams: DummyHparams, info: DataInfo):
@@ -51,9 +49,10 @@ class Dummy(Method):
         sigma = ctx.part(PART).noise_multiplier
         c = h.max_grad_norm / 2 ** 0.5
         x = train.images.flatten(1).to(ctx.device)
-        x = torch.cat([x * (c / x.norm(dim=1, keepdim=True).clamp(min=c)), torch.full((len(x), 1), c, device=x.device)], 1)
+        x = torch.cat([x * (c / x.norm(dim=1, keepdim=True).clamp(min=c)),
+                       torch.full((len(x), 1), c, device=x.device)], 1)
         onehot = torch.nn.functional.one_hot(train.labels.to(ctx.device), self.info.num_classes).float()
-        for step in range(h.steps + h.overspend):
+        for step in range(h.steps):
             ctx.spend(PART)  # counted before the release is used
             noise_ = torch.randn(len(onehot.T), x.shape[1], generator=noise, device=x.device)
             sums = onehot.T @ x + sigma * h.max_grad_norm * noise_

@@ -460,6 +460,9 @@ class GSWGAN(ConditionalSampling, Method):
                                       generator=noise_gen, scale=1.0 / h.batch_size,
                                       on_release=lambda: ctx.spend(PART, per),
                                       observe=getattr(ctx, "observe", None), part=PART)
+        # a record moves the release only at the steps its D_k is drawn (rate 1/K), then every
+        # row: a white-box audit scores its canaries by that mixture's likelihood ratio
+        sanitizer.canaries_score = "mixture"
         ctx.watch(PART, sanitizer)
         r = ctx.restore()  # a checkpoint within pretraining, or after it and generator step t
         if r is None or r.get("phase") == "pretrain":

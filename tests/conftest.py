@@ -29,6 +29,21 @@ def cli_runner():
 
 
 @pytest.fixture
+def register_method(monkeypatch):
+    """``register_method(name, cls, hidden=False)`` registers a method class (a stand-in:
+    tests/stand_ins.py) for the test's duration."""
+    from dpgen_bench import registry
+
+    def register(name: str, cls: type, hidden: bool = False) -> type:
+        monkeypatch.setitem(registry.methods._items, name, cls)
+        monkeypatch.setitem(registry.methods._meta, name, {})
+        monkeypatch.setattr(registry.methods, "_hidden", registry.methods._hidden | ({name} if hidden else set()))
+        return cls
+
+    return register
+
+
+@pytest.fixture
 def warnings_seen():
     """Messages of WARNING and above on the ``dpgen_bench`` logger (a handler of its own:
     the CLI may have turned the logger's propagation off)."""

@@ -348,25 +348,55 @@ def _demo_commands(target: str = "demo") -> list[list[str]]:
     return [shlex.split(line.split("$(BIN)/bench", 1)[1]) for line in lines if "$(BIN)/bench" in line]
 
 
-def test_make_demo_fits_its_five_minutes_on_two_cores():
-    """≤ 5 minutes on 2 cores after the install. Every method the demo runs has a
-    measured time for its mnist quick preset (``dpgen_bench/preset_seconds.json``: a new
-    method must say how long it takes), and the sweep's longest-first schedule of those times
-    on the demo's two workers ends within 4 min 40 s (the rest: start-up and the report, 10 s
-    measured; benchmarks/presets.md, "The demo on full MNIST")."""
+# `make demo`'s time (README: about five minutes on 2 cores after the install): the longest-first schedule of the
+# eleven methods it was measured with ends within 4 min 40 s (the rest: start-up and the report, 10 s measured;
+# benchmarks/presets.md, "The demo on full MNIST"), and each method added since may add 40 s, its quick run's at
+# most 80 s of one core on one of the two workers. The budget scales with the count of methods: adding a method
+# cannot fail the suite on the demo's time; a quick preset slower than a quick one can.
+DEMO_MEASURED_METHODS, DEMO_MEASURED_SECONDS = 11, 280.0
+QUICK_MNIST_SECONDS = 80.0
+
+
+def _check_demo_schedule(cells) -> None:
+    """Every method the demo runs has a measured time for its mnist quick preset
+    (``dpgen_bench/preset_seconds.json``, or a plugin's ``preset_seconds``: a new method must
+    say how long it takes) of at most ``QUICK_MNIST_SECONDS``, and the sweep's longest-first
+    schedule of those times on the demo's two workers ends within the demo's budget."""
     import heapq
 
     from dpgen_bench.sweep import expected_seconds, longest_first
 
-    sweep, _ = _demo_commands()
-    assert sweep[sweep.index("--jobs") + 1] == "2"
-    cells = expand_demo(sweep)
     workers = [0.0, 0.0]
     for cell in longest_first(cells):
         seconds = expected_seconds(cell)
         assert seconds < float("inf"), f"{cell.config.method} has no measured mnist quick time"
+        assert seconds <= QUICK_MNIST_SECONDS, f"{cell.config.method}'s quick preset takes {seconds:g} s on mnist"
         heapq.heappush(workers, heapq.heappop(workers) + seconds)
-    assert max(workers) <= 280, (max(workers), [(c.config.method, expected_seconds(c)) for c in cells])
+    methods = len({cell.config.method for cell in cells})
+    budget = DEMO_MEASURED_SECONDS + QUICK_MNIST_SECONDS / 2 * max(0, methods - DEMO_MEASURED_METHODS)
+    assert max(workers) <= budget, (max(workers), budget, [(c.config.method, expected_seconds(c)) for c in cells])
+
+
+def test_make_demo_fits_its_five_minutes_on_two_cores():
+    """≤ 5 minutes on 2 cores after the install, for the methods it was measured with (the
+    budget above)."""
+    sweep, _ = _demo_commands()
+    assert sweep[sweep.index("--jobs") + 1] == "2"
+    _check_demo_schedule(expand_demo(sweep))
+
+
+def test_a_new_method_does_not_break_the_demos_time_check(register_method):
+    """A method file with a ``quick`` preset on mnist, as long as a quick preset may be,
+    joins the demo (``--method all``) and the demo's schedule check still passes."""
+    from stand_ins import new_method
+
+    register_method("new-method", new_method(QUICK_MNIST_SECONDS))
+    cells = expand_demo(_demo_commands()[0])
+    assert "new-method" in {c.config.method for c in cells}
+    _check_demo_schedule(cells)
+    register_method("new-method", new_method(3 * QUICK_MNIST_SECONDS))  # a quick preset that is not quick
+    with pytest.raises(AssertionError, match="new-method's quick preset takes 240 s"):
+        _check_demo_schedule(expand_demo(_demo_commands()[0]))
 
 
 def expand_demo(sweep: list[str]):

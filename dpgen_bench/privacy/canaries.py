@@ -45,6 +45,8 @@ the released (noisy, unscaled) batches.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -59,6 +61,23 @@ def _sampled(included: np.ndarray, rate: float, gen: torch.Generator) -> torch.T
 def _signs(m: int, gen: torch.Generator) -> torch.Tensor:
     """This step's sign of each canary (±1, fair, fresh every step; float64)."""
     return torch.randint(0, 2, (m,), generator=gen).to(torch.float64) * 2 - 1
+
+
+_PHI_INV_3_4 = 0.6744897501960817  # Φ⁻¹(3/4): the median of |N(0, 1)|
+
+
+def mixture_log_ratio(proj: np.ndarray, shift: np.ndarray, rate: float) -> np.ndarray:
+    """One release's log likelihood ratio per canary of "in the run: its shift, drawn with
+    probability ``rate``" against "not in the run", for Gaussian noise:
+    log(1 − q + q·exp(μz − μ²/2)), z = ``proj`` / s (``proj``: the release's signed projection on
+    the canary's unit direction; s: the noise std, estimated from the release itself as the
+    median |proj| over all canaries / Φ⁻¹(3/4), never read from the noise code), μ = ``shift`` / s
+    (``shift``: the norm of the canary's change). Summed over releases it is the score of the
+    most powerful test of one canary that does not see when it was drawn."""
+    s = max(float(np.median(np.abs(proj))) / _PHI_INV_3_4, 1e-12 * float(np.max(shift)))
+    mu, z = shift / s, proj / s
+    stay = math.log1p(-rate) if rate < 1 else -math.inf
+    return np.logaddexp(stay, math.log(rate) + mu * z - mu ** 2 / 2)
 
 
 class DiracCanaries:
@@ -140,6 +159,13 @@ class SanitizerCanaries:
         # other record, hence the sum without the canaries, and scores the released value
         # minus it (else the data's own sums, ≫ Δ, drown a single observation)
         self.subtract_clean = bool(sanitizer.canaries_subtract_clean)
+        # "sum": Σ_t ⟨direction / 2C, release_t⟩ (signed); "mixture": Σ_t of the per-release log
+        # likelihood ratio (``mixture_log_ratio``), for a part whose records are drawn rarely
+        # (GS-WGAN's 1/K: the sum lets the T − T/K releases without a draw drown the draws)
+        self.score_kind = getattr(sanitizer, "canaries_score", "sum")
+        if self.score_kind not in ("sum", "mixture"):
+            raise ValueError(f"unknown canary score {self.score_kind!r}")
+        self.signed_sums = np.zeros(m)  # the "sum" score, kept beside a "mixture" one (a diagnostic)
         self._clean = None
         self.too_small = False  # a release of one coordinate: no audit of it (GradientAudit drops it)
         self.scores = np.zeros(m)
@@ -161,6 +187,7 @@ class SanitizerCanaries:
         if self.geometry == "whole":
             if m > like.numel() and self.fit_to_size:  # one canary per coordinate, the first draws kept
                 self.included, self.scores = self.included[:like.numel()], self.scores[:like.numel()]
+                self.signed_sums = self.signed_sums[:like.numel()]
                 m = like.numel()
             if m > like.numel():
                 raise UserError(f"--canaries {m}: the sanitised batch has {like.numel()} coordinates; use "
@@ -205,17 +232,27 @@ class SanitizerCanaries:
 
     def after_noise(self, released: torch.Tensor) -> None:
         """``released``: the clipped batch with the canaries and the noise, before any scale.
-        Score of canary j: ⟨its direction / 2C, released⟩."""
+        Score of canary j: ⟨its direction / 2C, released⟩ ("sum"), or the log likelihood ratio
+        of that projection ("mixture")."""
         if self.too_small:
             return
         r = released.detach().double().cpu()
         if self._clean is not None:
             r = r - self._clean.double().cpu()
         if self.geometry == "whole":
-            self.scores += (self._sign * r.reshape(-1)[self._coords]).numpy()
+            step = (self._sign * r.reshape(-1)[self._coords]).numpy()
         else:
+            if getattr(self, "_signs64", None) is None:  # the row signs in float64, and their norms
+                self._signs64 = self._row_signs.double()
+                self._sign_norms = self._signs64.norm(dim=1).numpy()
             cols = r.reshape(len(r), -1)[:, self._coords]  # (B, m)
-            self.scores += (self._sign * (self._row_signs.double() * cols.T).sum(1)).numpy()
+            step = (self._sign * (self._signs64 * cols.T).sum(1)).numpy()
+        self.signed_sums += step
+        if self.score_kind == "sum":
+            self.scores += step
+        else:  # ‖direction‖ = shift · ‖row signs‖ (rows) or shift (whole)
+            rows = np.ones(len(step)) if self.geometry == "whole" else self._sign_norms
+            self.scores += mixture_log_ratio(step / rows, self.shift * rows, self.sample_rate)
         self.steps += 1
 
     def directions(self) -> torch.Tensor:

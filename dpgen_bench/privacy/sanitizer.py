@@ -40,6 +40,10 @@ class GradientSanitizer:
     # canaries as asked or an error, scored on the released batch itself
     canaries_fit_to_size = False
     canaries_subtract_clean = False
+    # how the canaries are scored (SanitizerCanaries.score_kind): "sum" over releases, or
+    # "mixture", each release's likelihood ratio; GS-WGAN sets "mixture" on its instance
+    # (a record moves its release only at the ~T/K steps its subset is drawn)
+    canaries_score = "sum"
 
     def __init__(self, max_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
                  scale: float = 1.0, on_release: Callable[[], None] | None = None,

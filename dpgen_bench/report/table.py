@@ -43,7 +43,7 @@ import pandas as pd
 
 from .. import registry, store
 from ..auc import null_sd
-from ..config import stable_hparams
+from ..identity import report_identity
 from ..privacy import fmt_eps
 
 ID_COLS = ["run_id", "method", "dataset", "preset", "seed", "members", "eps_target", "delta", "eps_rdp", "eps_prv",
@@ -79,25 +79,11 @@ def collect(root: Path, *more: Path) -> tuple[pd.DataFrame, int]:
     return label_variants(long), skipped
 
 
-@functools.lru_cache(maxsize=None)
-def _bookkeeping(method: str) -> frozenset[str]:
-    try:
-        return frozenset(registry.methods.attribute(method, "bookkeeping_hparams"))
-    except Exception:  # noqa: BLE001 - a method that is not installed here: the base class' set
-        from ..api import Method
-
-        return Method.bookkeeping_hparams
-
-
 def identity(cfg: dict, priv: dict) -> dict:
     """The settings that define what a run trained and how it was evaluated, seed and ε
-    aside: two runs with equal identities are seeds of one configuration."""
-    skip = _bookkeeping(cfg["method"])
-    hp = {k: v for k, v in stable_hparams(cfg["method"], cfg.get("hparams") or {}).items() if k not in skip}
-    return {"preset": cfg.get("preset"), "delta": float(priv["target"]["delta"]),
-            "samples_per_class": cfg.get("samples_per_class"), "eval_split": cfg.get("eval_split", "test"),
-            **({"noise": "off" if priv.get("noise_off") else "on"} if priv.get("private") else {}),
-            **({"canaries": cfg["canaries"]} if cfg.get("canaries") else {}), **hp}
+    aside: two runs with equal identities are seeds of one configuration (the settings that
+    count for the report: ``dpgen_bench.identity``)."""
+    return report_identity(cfg, priv)
 
 
 def record_rows(rec: dict, run_id: str) -> list[dict]:

@@ -64,6 +64,8 @@ def test_white_box_audit_of_the_correct_part_stays_below_the_accountant(tmp_path
     assert audit["violation"] == [] and audit["mode"] == "white_box"
     part = name.removeprefix("white_box_grad_")
     assert audit["parts_observed"][part]["releases"] == 300  # every release of the part carried the canaries
+    # GS-WGAN's records are drawn at 1/K: each release's likelihood ratio (privacy.canaries.mixture_log_ratio)
+    assert audit["parts_observed"][part]["score"] == ("mixture" if method == "gswgan" else "sum")
 
 
 @pytest.mark.parametrize("method", ["dpmean", "dpmerf"])
@@ -97,6 +99,30 @@ def test_white_box_audit_catches_a_part_with_too_little_noise(tmp_path, monkeypa
     assert res.exit_code == 3, res.output
     assert "privacy violation" in res.output and "Traceback" not in res.output
     assert audit["violation"] and all(audit["attacks"][a]["epsilon_lower_bound"] > 1.0 for a in audit["violation"])
+
+
+# GS-WGAN's two accountants on digits (docs/auditing.md, "GS-WGAN's per-row accounting, rejected"):
+# canaries that move all B rows of a release when drawn (rate 1/K), scored by each release's
+# likelihood ratio. K = 1,437 (digits' N), T = 1,000, 4,000 canaries, ε = 1: the per-row
+# accountant of privacy_mode=paper is rejected (ε-bound 1.2-1.3 and its curve, seeds 0-2),
+# the sound one holds (~0). About 3 CPU-minutes each; the mechanism-level twin in the default
+# suite is tests/unit/test_gswgan_white_box.py.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["paper", "sound"])
+def test_white_box_audit_rejects_gswgans_per_row_accounting_and_holds_the_sound_one(tmp_path, mode):
+    out = tmp_path / mode
+    res = CliRunner().invoke(cli, ["audit", "-m", "gswgan", "--dataset", "digits", "--preset", "quick", "--eps", "1",
+                                   "--set", "num_discriminators=1437", "--set", "steps=1000",
+                                   "--set", "pretrain_steps=1", "--set", f"privacy_mode={mode}", "--white-box",
+                                   "--canaries", "4000", "--device", "cpu", "--out", str(out)])
+    audit = json.loads((out / "audit.json").read_text())
+    (bound,) = audit["attacks"].values()
+    if mode == "paper":
+        assert res.exit_code == 3 and "privacy violation" in res.output, res.output
+        assert bound["epsilon_lower_bound"] > 1.0 and bound["accountant_curve_rejected"], bound
+    else:
+        assert res.exit_code == 0, res.output
+        assert bound["epsilon_lower_bound"] <= 1.0 and not bound["accountant_curve_rejected"], bound
 
 
 def test_white_box_audit_observes_every_part_of_dpaf(tmp_path):

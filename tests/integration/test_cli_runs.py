@@ -260,9 +260,11 @@ def test_dry_run_estimate_of_a_run_shorter_than_the_probe(cli_runner, results):
     assert not results.exists()
 
 
-def test_dummy_overspending_fails_the_run(cli_runner, results):
-    res = cli_runner.invoke(cli, ["run", "--method", "dummy", "--eps", "1", "--preset", "tiny", "--set",
-                                  "overspend=1"])
+def test_dummy_overspending_fails_the_run(cli_runner, results, register_method):
+    from stand_ins import Overspending
+
+    register_method("overspending", Overspending, hidden=True)  # the example method, a step beyond its plan
+    res = cli_runner.invoke(cli, ["run", "--method", "overspending", "--eps", "1", "--preset", "tiny"])
     assert res.exit_code == 3
     assert "privacy violation" in res.stderr
     d = _only_run_dir(results)

@@ -118,7 +118,6 @@ def test_a_method_without_declarations_is_type_checked_as_before():
     class Plain:
         steps: int = 5
         max_grad_norm: float = 1.0
-        overspend: int = 0
 
     plain = type("Plain", (registry.methods.get("dummy"),), {"Hparams": Plain})
     registry.methods.register("plain-example", plain, hidden=True, replace=True)
