@@ -119,8 +119,8 @@ def recorded_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
     """A record's ``hparams`` under their current names, with each of the method's
     ``late_hparams`` it lacks at its "as before" value: a record made before a setting existed
     was made as that value says (dpgan's ``ema_warmup="none"``), whatever today's default is."""
-    late = method_attribute(method, "late_hparams")
-    return {**late, **current_hparams(method, hparams)} if late else current_hparams(method, hparams)
+    hp = current_hparams(method, hparams)  # the record's order kept: identities compare as JSON text
+    return {**hp, **{k: v for k, v in method_attribute(method, "late_hparams").items() if k not in hp}}
 
 
 def hparam_fields(hparams_cls: type) -> dict[str, Any]:

@@ -159,6 +159,8 @@ def test_readme_command(command, cli_runner, tour, monkeypatch, tmp_path):
             (run,) = [c.parent for c in tour_results.rglob("config.json")
                       if json.loads(c.read_text())["epsilon"] == 1.0]
             got = json.loads((run / "privacy.json").read_text())
+            telemetry = got.pop("telemetry")  # measured beside the accounting (privacy.telemetry), not planned
+            assert set(telemetry) == {p["name"] for p in got["parts"]}
             assert got == _plan_json(args + SHORTENED[command])
             assert got["target"] == readme_privacy_example()["target"]
         return
