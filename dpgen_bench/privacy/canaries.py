@@ -41,6 +41,19 @@ to each other's scores); it is added to the clipped batch before the sanitiser's
 whenever it is sampled (included with probability 1/2, then Poisson at the part's planned
 rate at every release), and its score is the inner product of its direction with the sum of
 the released (noisy, unscaled) batches.
+
+GS-WGAN and DP-GAN-DPAC (rate 1/K: a record's subset d_k is drawn at ~T/K of the T steps,
+and then all B rows of the release may move, 2C each) score by the likelihood ratio instead
+(``canaries_score = "mixture"`` on the sanitiser, ``mixture_log_ratio``): Σ_t log(1 − q +
+q·exp(μz_t − μ²/2)), z_t the release's projection on the canary's direction in noise units,
+μ = 2C√B / (noise std), the most powerful test of one canary that does not see which steps
+drew it; the plain sum adds the noise of the T − T/K steps without a draw to the ~T/K with
+one. Each canary's draw is its own coin (a subset of its own), not the loop's k: given the
+other canaries, a canary's view is then exactly the extremal pair of docs/privacy.md (every
+D_k sends U, the record's sends −U: the Poisson-subsampled Gaussian of multiplier
+σ_hook/(2√B)) plus the others' shifts, drawn independently of it; canaries sharing the loop's
+draw would fire together, and one would tell the auditor when another was drawn
+(docs/auditing.md, "GS-WGAN's per-row accounting, rejected").
 """
 
 from __future__ import annotations
@@ -140,6 +153,10 @@ class SanitizerCanaries:
       is ±2C on its own coordinate c_j *in every row*, norm 2C·√B. With more canaries than
       coordinates, canaries sharing a coordinate take different rows of a Hadamard matrix as
       their signs (on the first P = 2^⌊log₂ B⌋ rows, norm 2C·√P), which keeps them orthogonal.
+
+    Scores (the sanitiser's ``canaries_score``): "sum", Σ over releases of the signed
+    projection; "mixture", Σ of each release's log likelihood ratio (``mixture_log_ratio``),
+    the signed sum kept beside it in ``signed_sums``.
     """
 
     def __init__(self, sanitizer, m: int, sample_rate: float, seed: int):
