@@ -6,8 +6,8 @@ shift of μ = 2C√B / noise std; standard normal noise otherwise), scored as
 time), and tested as ``bench audit --white-box`` tests one part (ε-bound and the accountant's
 curve, each at 97.5 %). σ is each mode's calibration at the target ε: paper mode T·B
 Theorem-9 compositions with hook noise 2σC (μ = √B/σ), sound mode T Theorem-27 compositions
-with hook noise 2√B·σC (μ = 1/σ). The real gradients of D_k are left out (on digits they add
-little: a run's bound falls in the simulated range, docs/auditing.md).
+with hook noise 2√B·σC (μ = 1/σ). The real gradients of D_k are left out (on digits the runs'
+bounds come out of the simulated size, docs/auditing.md).
 
     python benchmarks/gswgan_audit_reach.py 1000,2000,2000 1437,1000,4000   # K,T,canaries ...
 

@@ -104,8 +104,8 @@ def test_white_box_audit_catches_a_part_with_too_little_noise(tmp_path, monkeypa
 # GS-WGAN's two accountants on digits (docs/auditing.md, "GS-WGAN's per-row accounting, rejected"):
 # canaries that move all B rows of a release when drawn (rate 1/K), scored by each release's
 # likelihood ratio. K = 1,437 (digits' N), T = 1,000, 4,000 canaries, ε = 1: the per-row
-# accountant of privacy_mode=paper is rejected (ε-bound 1.2-1.3 and its curve, seeds 0-2),
-# the sound one holds (~0). About 3 CPU-minutes each; the mechanism-level twin in the default
+# accountant of privacy_mode=paper is rejected (ε-bound 1.1-1.3 and its curve, seeds 0-2),
+# the sound one holds (~0). About 100 CPU-s each; the mechanism-level twin in the default
 # suite is tests/unit/test_gswgan_white_box.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["paper", "sound"])
