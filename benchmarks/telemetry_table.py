@@ -49,13 +49,10 @@ def main() -> None:
             t = time.time()
             cfg = build_config(m, a.dataset, epsilon=a.eps, preset=preset, seed=0)
             probe = measure_gradients(cfg, steps=a.steps)
-            from dpgen_bench.runner import prepare
-
-            sigma = {p.name: p.noise_multiplier for p in prepare(cfg).ledger.planned.values()}
             for part, s in probe["parts"].items():
                 share = None if s.get("median_norm") is None else s["median_norm"] / s["clip_bound"]
                 flag = "n/a" if share is None else ("**yes**" if share < FLAG_SHARE else "no")
-                print(f"| {m} | {preset} | {part} | {sigma[part]:.3g} | {_g(s.get('clip_bound'), 'g')} | "
+                print(f"| {m} | {preset} | {part} | {s['noise_multiplier']:.3g} | {_g(s.get('clip_bound'), 'g')} | "
                       f"{_g(s.get('median_norm'))} | {_g(s.get('p90_norm'))} | {_g(s.get('clip_fraction'), '.0%')} | "
                       f"{_g(s['noise_to_signal_bound'])} | {_g(s['noise_to_signal_measured'])} | {flag} |", flush=True)
             print(f"{m} {preset}: {time.time() - t:.0f} s", file=sys.stderr)

@@ -143,12 +143,18 @@ class _QuietContext(TrainingContext):
     """A context whose progress bars print nothing (the gradient probe's)."""
 
     def progress(self, total: int, desc: str):
-        return _ProbeBar(_NoLimit(self.device), total, desc)
+        return _SilentBar()
 
 
-class _NoLimit:
-    def __init__(self, device):
-        self.device, self.t0, self.seconds, self.bars = device, time.time(), math.inf, []
+class _SilentBar:
+    def update(self, n: int = 1) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def set_postfix(self, *a, **k) -> None:
+        return None
 
 
 def measure_gradients(config, data_root: str | None = None, steps: int = 5) -> dict[str, Any]:
@@ -185,7 +191,7 @@ def measure_gradients(config, data_root: str | None = None, steps: int = 5) -> d
     out = {}
     for part in planned:
         m = measured.get(part.name, {})
-        out[part.name] = {"noise_to_signal_bound": part.noise_to_signal,
+        out[part.name] = {"noise_multiplier": part.noise_multiplier, "noise_to_signal_bound": part.noise_to_signal,
                           "noise_to_signal_measured": m.get("noise_to_signal"),
                           **{k: m.get(k) for k in ("median_norm", "p90_norm", "clip_fraction", "clip_bound", "steps")}}
     return {"parts": out, "probe_seconds": round(time.time() - t0, 2), "steps_per_part": steps,

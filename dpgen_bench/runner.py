@@ -449,8 +449,9 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         peak_gib = torch.cuda.max_memory_allocated(p.device) / 2**30 if p.device.type == "cuda" else None
         report = p.ledger.report()  # the runner's own count, not the method's claim
         check_privacy(report)
-        if ctx.telemetry.summary():  # measured gradient norms: a diagnostic beside the accounting
-            report = dataclasses.replace(report, telemetry=ctx.telemetry.summary())
+        measured = ctx.telemetry.summary()  # measured gradient norms: a diagnostic beside the accounting
+        if measured:
+            report = dataclasses.replace(report, telemetry=measured)
         report = with_caveat(report, caveat)
         store.write_json(run_dir / "privacy.json", report.to_json())
         with store.atomic_open(run_dir / "checkpoint.pt") as f:

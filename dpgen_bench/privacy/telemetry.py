@@ -76,7 +76,7 @@ class GradientTelemetry:
         self._steps[part].append(s)
         self._window[part].append(s)
         if part not in self._warned and not math.isnan(s.get("median_norm", math.nan)) \
-                and s["median_norm"] < LOW_NORM_SHARE * clip and len(self._steps[part]) >= 1:
+                and s["median_norm"] < LOW_NORM_SHARE * clip:
             self._warned.add(part)
             log.warning("%s", low_norm_warning(part, s["median_norm"], clip, s["noise_to_signal"]))
 

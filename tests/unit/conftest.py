@@ -38,3 +38,14 @@ def warm_inception_cache(inception_cache, inception_weights):
     inception_cache.mkdir(parents=True, exist_ok=True)
     shutil.copy(inception_weights, inception_cache / inception_weights.name)
     return inception_cache
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test (restored after): timings and float sums as on a worker."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -25,12 +25,7 @@ INFO = DataInfo("toy", SHAPE, 3, 30)
 TINY = dict(batch_size=8, steps=4, g_width=4, latent_dim=4, sinkhorn_iters=3, lr=1e-3, log_every=2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _clouds(n, m, d, seed=0):

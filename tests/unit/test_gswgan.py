@@ -28,12 +28,7 @@ TINY = dict(num_discriminators=3, batch_size=8, n_d=1, steps=6, pretrain_steps=1
             d_width=4, embed_dim=4, ema_decay=0.9, log_every=2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 _Spy = recording(GradientSanitizer)  # keeps what the hook received and returned

@@ -32,12 +32,7 @@ INFO = DataInfo("digits-like", (1, 16, 16), 10, 60_000)  # 256 coordinates × 32
 SMALL = dict(latent_dim=4, g_width=4, d_width=4, embed_dim=4, g_spectral_norm=False, d_spectral_norm=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _audit(mode: str, seed: int = 0) -> dict:
