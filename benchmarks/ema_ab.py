@@ -17,6 +17,7 @@ It resumes an interrupted run (its directory under --results) and appends its ro
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import time
@@ -35,22 +36,51 @@ import methods.dpgan as dpgan_module
 LAST = "last_iterate.pt"
 
 
-def _capture_last_iterate() -> None:
-    """Wrap DPGAN.fit (gan inherits it): the last G iterate, before the average replaces it."""
+EXTRA = "extra_averages.pt"
+
+
+def _capture_last_iterate(run_dir: Path, decays: list[float]) -> None:
+    """Wrap DPGAN.fit (gan inherits it): the last G iterate, before the average replaces it, and
+    bias-corrected averages at further ``decays`` kept beside the run's own (saved with each
+    checkpoint, so a resumed run continues them)."""
     real_fit, real_update = dpgan_module.DPGAN.fit, dpgan_module.update_average
     seen: dict = {}
+    extra_path = run_dir / EXTRA
+    saved = torch.load(extra_path, weights_only=False) if extra_path.is_file() else None
 
     def update(average, model, decay, step, warmup="bias-corrected"):
         seen["state"], seen["step"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, step
+        if decays:
+            if "extra" not in seen:
+                seen["extra"] = {d: copy.deepcopy(model) for d in decays}
+                if saved is not None and saved["step"] == step - 1:  # resumed where the checkpoint left them
+                    for d, m in seen["extra"].items():
+                        m.load_state_dict(saved["averages"][d])
+                elif step != 1:
+                    raise SystemExit(f"{extra_path} does not match the resumed step {step}: start the run afresh")
+            for d, m in seen["extra"].items():
+                real_update(m, model, d, step, warmup)
         return real_update(average, model, decay, step, warmup)
 
     def fit(self, train, budget, ctx):
         dpgan_module.update_average = update
+        real_checkpoint = ctx.checkpoint
+
+        def checkpoint(state):
+            if "extra" in seen:
+                with store.atomic_open(extra_path) as f:
+                    torch.save({"step": seen["step"], "averages": {
+                        d: m.state_dict() for d, m in seen["extra"].items()}}, f)
+            return real_checkpoint(state)
+
+        ctx.checkpoint = checkpoint
         try:
             real_fit(self, train, budget, ctx)
         finally:
             dpgan_module.update_average = real_update
-        torch.save({"G": seen["state"], "updates": seen["step"]}, Path(ctx.run_dir) / LAST)
+            ctx.checkpoint = real_checkpoint
+        torch.save({"G": seen["state"], "updates": seen["step"],
+                    "extra": {d: m.state_dict() for d, m in seen.get("extra", {}).items()}}, run_dir / LAST)
 
     dpgan_module.DPGAN.fit = fit
 
@@ -78,14 +108,17 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--results", default="results/ema_ab")
     ap.add_argument("--out", default="benchmarks/ema_ab.json")
+    ap.add_argument("--decays", default="", help="further bias-corrected averages to evaluate, e.g. 0.998,0.9995")
+    ap.add_argument("--name", default=None, help="run directory name under --results (default: method-dataset-preset-seed)")
     a = ap.parse_args()
     eps = a.eps if a.method != "gan" and math.isfinite(a.eps) else None
     cfg = build_config(a.method, a.dataset, epsilon=eps, preset=a.preset, seed=a.seed, sets=a.sets,
                        evaluators=["gen2real_cnn"], eval_split="val")
     if cfg.hparams["ema_warmup"] != "bias-corrected" or not cfg.hparams["ema_decay"] > 0:
         raise SystemExit("the run must keep a bias-corrected average (ema_decay > 0, ema_warmup=bias-corrected)")
-    run_dir = Path(a.results) / f"{a.method}-{a.dataset}-{a.preset}-s{a.seed}"
-    _capture_last_iterate()
+    run_dir = Path(a.results) / (a.name or f"{a.method}-{a.dataset}-{a.preset}-s{a.seed}")
+    decays = [float(d) for d in a.decays.split(",") if d]
+    _capture_last_iterate(run_dir, decays)
     t0 = time.time()
     if not (run_dir / store.COMPLETE_MARKER).is_file():
         if (run_dir / "resume.pt").is_file():
@@ -107,7 +140,9 @@ def main() -> None:
            "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
            "initial_share_plain": initial_share(beta, T, "none"),
            "gen2real_cnn": {"bias-corrected": ours, "plain": _evaluate(cfg, run_dir, plain),
-                            "last_iterate": _evaluate(cfg, run_dir, last["G"])},
+                            "last_iterate": _evaluate(cfg, run_dir, last["G"]),
+                            **{f"bias-corrected {d}": _evaluate(cfg, run_dir, g)
+                               for d, g in last.get("extra", {}).items()}},
            "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []

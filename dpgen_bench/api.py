@@ -210,6 +210,7 @@ class PrivacyReport:
     epsilon_prv: float = 0.0
     caveat: str | None = None  # set when the ε is not a DP guarantee of the run (Method.accounting_caveat)
     noise_off: bool = False  # a --noise-off diagnostic: ε = ∞, the parts keep the calibrated σ
+    noise_off_parts: tuple[str, ...] = ()  # --noise-off-part: only these parts' noise was off (noise_off too)
     # measured per-part gradient norms and noise to signal (privacy.telemetry): computed on the
     # private data without noise, a diagnostic outside the guarantee
     telemetry: dict[str, Any] | None = None
@@ -226,6 +227,7 @@ class PrivacyReport:
             "epsilon": {"rdp": self.epsilon_rdp, "prv": self.epsilon_prv},
             "caveat": self.caveat,
             **({"noise_off": True} if self.noise_off else {}),
+            **({"noise_off_parts": list(self.noise_off_parts)} if self.noise_off_parts else {}),
             **({"telemetry": self.telemetry} if self.telemetry else {}),
         }
 

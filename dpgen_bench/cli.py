@@ -105,13 +105,18 @@ def _run_options(f):
 @click.option("--noise-off", "noise_off", is_flag=True, default=None,
               help="Diagnostic, NOT private: the same pipeline (plan, clipping, steps) with every noise multiplier "
                    "0; recorded with ε = ∞ and the σ the target calibrated.")
+@click.option("--noise-off-part", "noise_off_parts", multiple=True, metavar="PART",
+              help="Diagnostic, NOT private: --noise-off for this private part only (repeatable; the parts: "
+                   "bench privacy). Which part's noise costs what, one at a time.")
 def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_root, eval_split, members,
-        evaluators, device, out, results, dry_run, probe_seconds, probe_steps, resume_dir, noise_off):
+        evaluators, device, out, results, dry_run, probe_seconds, probe_steps, resume_dir, noise_off,
+        noise_off_parts):
     """Train one method on one dataset at a target (ε, δ), sample, evaluate, record."""
     from . import runner
 
     settings = dict(epsilon=eps, delta=delta, preset=preset, n_d=n_d, sets=sets, config_file=config_file, seed=seed,
-                    members=members, device=device, evaluators=evaluators, eval_split=eval_split, noise_off=noise_off)
+                    members=members, device=device, evaluators=evaluators, eval_split=eval_split, noise_off=noise_off,
+                    noise_off_parts=noise_off_parts)
     try:
         if resume_dir:
             expected = None
@@ -127,7 +132,8 @@ def run(method, dataset, eps, delta, preset, n_d, sets, config_file, seed, data_
                     members=members if members is not None else cfg.members,
                     evaluators=evaluators if evaluators is not None else cfg.evaluators,
                     eval_split=eval_split or cfg.eval_split,
-                    noise_off=noise_off if noise_off is not None else cfg.noise_off)
+                    noise_off=noise_off if noise_off is not None else cfg.noise_off,
+                    noise_off_parts=noise_off_parts or cfg.noise_off_parts)
             result = runner.resume(resume_dir, device=device, data_root=data_root, expected=expected)
         else:
             cfg = build_config(method, dataset, **settings)

@@ -55,6 +55,7 @@ class RunConfig:
     hparams: dict[str, Any] = field(default_factory=dict)  # fully resolved
     eval_split: str = "test"  # "val": train on train minus a validation part, evaluate on it
     noise_off: bool = False  # diagnostic: the same pipeline with every noise multiplier 0 (not private)
+    noise_off_parts: tuple[str, ...] = ()  # diagnostic: only these parts' noise multipliers 0 (not private)
     canaries: int | None = None  # bench audit: m canaries, each in the training split with probability 1/2
     gradient_canaries: int | None = None  # bench audit --white-box: m gradient canaries in each private part
 
@@ -62,7 +63,8 @@ class RunConfig:
         d = dataclasses.asdict(self)
         d["evaluators"] = list(self.evaluators)
         d["epsilon"] = _json_float(self.epsilon)
-        for key in ("noise_off", "canaries", "gradient_canaries"):  # absent unless set: records and sweep cells stay as before
+        d["noise_off_parts"] = list(self.noise_off_parts)
+        for key in ("noise_off", "noise_off_parts", "canaries", "gradient_canaries"):  # absent unless set: records and sweep cells stay as before
             if not d[key]:
                 del d[key]
         return d
@@ -73,6 +75,7 @@ class RunConfig:
         d["epsilon"] = float(d["epsilon"])
         d["evaluators"] = tuple(d.get("evaluators", DEFAULT_EVALUATORS))
         d.setdefault("eval_split", "test")  # records written before --eval-split existed
+        d["noise_off_parts"] = tuple(d.get("noise_off_parts", ()))
         d["hparams"] = recorded_hparams(d["method"], d.get("hparams") or {})  # records from before a rename
         return cls(**d)
 
@@ -327,7 +330,8 @@ def parse_n_d(value: str | int | None) -> int | str | None:
 
 
 FILE_KEYS = frozenset({"method", "dataset", "epsilon", "eps", "delta", "preset", "seed", "members", "device",
-                       "evaluators", "samples_per_class", "eval_split", "noise_off"})
+                       "evaluators", "samples_per_class", "eval_split", "noise_off",
+                       "noise_off_parts"})
 
 
 def build_config(method: str | None = None, dataset: str | None = None, *, epsilon: float | None = None,
@@ -336,6 +340,7 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
                  config_file: str | Path | None = None, seed: int | None = None, members: int | None = None,
                  device: str | None = None, evaluators: str | list[str] | tuple[str, ...] | None = None,
                  eval_split: str | None = None, noise_off: bool | None = None,
+                 noise_off_parts: tuple[str, ...] | list[str] | None = None,
                  canaries: int | None = None, gradient_canaries: int | None = None) -> RunConfig:
     """A validated ``RunConfig``: given values > ``config_file`` > preset > ``Hparams``
     defaults. ``hparams`` (a mapping) and ``sets`` (``KEY=VALUE`` strings) override method
@@ -382,12 +387,16 @@ def build_config(method: str | None = None, dataset: str | None = None, *, epsil
         hparams=dataclasses.asdict(hp),
         eval_split=eval_split or file_cfg.get("eval_split", "test"),
         noise_off=bool(noise_off if noise_off is not None else file_cfg.get("noise_off", False)),
+        noise_off_parts=tuple(dict.fromkeys(noise_off_parts if noise_off_parts else
+                                            file_cfg.get("noise_off_parts", ()))),
         canaries=canaries,
         gradient_canaries=gradient_canaries,
     )
     for given in (canaries, gradient_canaries):
         if given is not None and given < 2:
             raise UserError("--canaries must be ≥ 2")
+    if kwargs["noise_off"] and kwargs["noise_off_parts"]:
+        raise UserError("--noise-off switches every part's noise off; --noise-off-part some of them: give one")
     if canaries and gradient_canaries:
         raise UserError("an audit places image canaries or gradient canaries (--white-box), not both")
     if kwargs["eval_split"] not in EVAL_SPLITS:

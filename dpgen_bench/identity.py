@@ -35,7 +35,7 @@ RUN_SETTINGS: dict[str, frozenset[str]] = {
     "epsilon": frozenset({STREAMS, CELL}), "members": frozenset({STREAMS, CELL}),  # the report's own columns
     "seed": frozenset({CELL}),  # the streams are seeded by it beside their key; the report pools seeds
     "preset": ALL, "delta": ALL, "samples_per_class": frozenset({CELL, REPORT}), "eval_split": ALL,
-    "noise_off": frozenset({CELL, REPORT}), "canaries": ALL, "gradient_canaries": frozenset({STREAMS, CELL}),
+    "noise_off": frozenset({CELL, REPORT}), "noise_off_parts": frozenset({CELL, REPORT}), "canaries": ALL, "gradient_canaries": frozenset({STREAMS, CELL}),
     "device": frozenset({CELL}), "evaluators": frozenset({CELL}),
 }
 # hparams that only post-process the trained iterates: runs that differ in them train the same
@@ -145,7 +145,10 @@ def report_identity(cfg: dict[str, Any], priv: dict[str, Any]) -> dict[str, Any]
             out[key] = float(priv["target"]["delta"])
         elif key == "noise_off":
             if priv.get("private"):
-                out["noise"] = "off" if priv.get("noise_off") else "on"
+                quiet = priv.get("noise_off_parts")
+                out["noise"] = ("off: " + ",".join(quiet)) if quiet else "off" if priv.get("noise_off") else "on"
+        elif key == "noise_off_parts":
+            continue  # in "noise", above
         elif key == "eval_split":
             out[key] = cfg.get(key, "test")  # records made before --eval-split
         elif key == "canaries":

@@ -98,7 +98,7 @@ def budget_of(config: RunConfig, method_cls: type) -> Budget:
         raise UserError(f"method '{method_cls.name}' is private: --eps must be finite")
     if not method_cls.private and math.isfinite(epsilon):
         raise UserError(f"method '{method_cls.name}' is not private (ε = ∞): drop --eps")
-    if config.noise_off and not method_cls.private:
+    if (config.noise_off or config.noise_off_parts) and not method_cls.private:
         raise UserError(f"--noise-off: method '{method_cls.name}' is not private, it has no noise to switch off")
     return Budget(epsilon=epsilon, delta=delta)
 
@@ -144,8 +144,8 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     data, n_plan = cell_data(config, data_root)
     info = DataInfo(data.name, data.image_shape, data.num_classes, n_plan)
     method, ledger = _calibrate(config, method_cls, budget, info)
-    if config.noise_off:
-        ledger.switch_noise_off()
+    if config.noise_off or config.noise_off_parts:
+        ledger.switch_noise_off(config.noise_off_parts or None)
     return Prepared(config, method, data, ledger, device, data_root)
 
 
@@ -428,8 +428,9 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
     if caveat:  # said before training, not only in the record at the end
         log.warning("ε caveat: %s", caveat)
     if p.ledger.noise_off:
-        log.warning("--noise-off: every noise multiplier is 0 (the σ of ε = %g are recorded); this run is NOT "
-                    "private and its ε is ∞", p.budget.epsilon)
+        log.warning("--noise-off: %s noise multiplier is 0 (the σ of ε = %g are recorded); this run is NOT "
+                    "private and its ε is ∞", ", ".join(sorted(p.ledger.quiet_parts)) + "'s" if p.ledger.partial
+                    else "every", p.budget.epsilon)
     phase, t0, timings = "fit", time.time(), {}
     if p.device.type == "cuda":  # the fit's own peak, for protocol.throughput
         torch.cuda.reset_peak_memory_stats(p.device)

@@ -8,7 +8,9 @@ taken, not from what the method claims.
 
 ``switch_noise_off`` turns a ledger into the diagnostic of ``bench run --noise-off``: the
 same plan (steps, sample rates, clipping) with every part's noise multiplier handed to the
-method as 0, and a report of ε = ∞ that keeps the calibrated σ it replaced.
+method as 0, and a report of ε = ∞ that keeps the calibrated σ it replaced. With part names
+(``--noise-off-part``) only those parts lose their noise: the one-at-a-time diagnostic of which
+part's noise costs what; the run is not private either (ε = ∞), the other parts keep their ε.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..api import Budget, PrivacyPart, PrivacyReport
-from ..errors import PrivacyViolation
+from ..errors import PrivacyViolation, UserError
 from .accounting import compose_prv, compose_rdp, part_epsilon
 
 
 NOISE_OFF_CAVEAT = ("noise switched off (--noise-off): a diagnostic run of the same pipeline without noise, "
                     "not private; the parts keep the σ the target calibrated")
+
+
+def partial_noise_off_caveat(parts) -> str:
+    return (f"noise switched off in {', '.join(parts)} (--noise-off-part): a diagnostic run, not private; "
+            "the other parts keep their noise and ε, every part keeps the σ the target calibrated")
 
 
 class PrivacyLedger:
@@ -34,6 +41,7 @@ class PrivacyLedger:
         self.planned = {p.name: p for p in planned}
         self.taken = {p.name: 0 for p in planned}
         self.noise_off = False
+        self.quiet_parts: frozenset[str] = frozenset()  # the parts whose σ is handed out as 0
         if budget.private:
             planned_eps = compose_rdp(list(planned), budget.delta)
             if planned_eps > budget.epsilon:
@@ -48,13 +56,24 @@ class PrivacyLedger:
             raise PrivacyViolation(f"private part '{name}' was not declared by plan() (declared: "
                                    f"{', '.join(self.planned) or 'none'})")
         part = self.planned[name]
-        return dataclasses.replace(part, noise_multiplier=0.0) if self.noise_off else part
+        return dataclasses.replace(part, noise_multiplier=0.0) if name in self.quiet_parts else part
 
-    def switch_noise_off(self) -> None:
-        """Every part's noise multiplier 0 from now on (a diagnostic run: not private)."""
+    @property
+    def partial(self) -> bool:
+        """Only some parts' noise is off (``--noise-off-part``)."""
+        return self.noise_off and self.quiet_parts != frozenset(self.planned)
+
+    def switch_noise_off(self, parts: Sequence[str] | None = None) -> None:
+        """The noise multiplier of every part (or of ``parts``) 0 from now on (a diagnostic run:
+        not private)."""
         if not self.budget.private:
             raise ValueError("a non-private run has no noise to switch off")
-        self.noise_off = True
+        names = frozenset(self.planned) if parts is None else frozenset(parts)
+        unknown = sorted(names - set(self.planned))
+        if unknown:
+            raise UserError(f"--noise-off-part: {', '.join(unknown)} is not a private part of this run "
+                            f"(its parts: {', '.join(self.planned)})")
+        self.noise_off, self.quiet_parts = True, names
 
     def spend(self, name: str, steps: int = 1) -> None:
         if name not in self.planned:
@@ -74,9 +93,12 @@ class PrivacyLedger:
         parts = [dataclasses.replace(plan, steps=taken[name]) for name, plan in self.planned.items()]
         if self.noise_off:  # the calibrated σ stay in the record: what the run would have had
             inf = float("inf")
-            parts = [dataclasses.replace(p, epsilon=inf if p.steps else 0.0) for p in parts]
-            return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=inf, epsilon_prv=inf, caveat=NOISE_OFF_CAVEAT,
-                                 noise_off=True)
+            parts = [dataclasses.replace(p, epsilon=(inf if p.steps else 0.0) if p.name in self.quiet_parts
+                                         else part_epsilon(p, b.delta)) for p in parts]
+            quiet = tuple(n for n in self.planned if n in self.quiet_parts)
+            return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=inf, epsilon_prv=inf, noise_off=True,
+                                 caveat=partial_noise_off_caveat(quiet) if self.partial else NOISE_OFF_CAVEAT,
+                                 noise_off_parts=quiet if self.partial else ())
         parts = [dataclasses.replace(p, epsilon=part_epsilon(p, b.delta)) for p in parts]
         return PrivacyReport(b, parts=tuple(parts), epsilon_rdp=compose_rdp(parts, b.delta),
                              epsilon_prv=compose_prv(parts, b.delta))

@@ -69,6 +69,10 @@ class DPAFHparams:
     budget_split: str = "0.1,x,0.1"  # (ε1, ×, ε3) absolute or (x1%, x2%, x3%)
     fill_budget: bool = True  # scale the shares up until the RDP composition reaches ε (false: the paper's additive reading)
     max_grad_norm: PositiveFloat = 1.0  # u1 = u2, DPSGD clipping norm of conv1 and conv2*
+    # one part's own bound (None: max_grad_norm): conv2*'s per-example gradients in sound mode sit
+    # far below 1 (benchmarks/presets.md, "Measured gradient norms of every private part on mnist")
+    max_grad_norm_conv1: PositiveFloat | None = None
+    max_grad_norm_conv2: PositiveFloat | None = None
     gc: bool = True  # gradient compression of per-sample gradients (§6.2.8, Table 12)
     gc_keep: Annotated[float, Interval(0, 1, "(]")] = 0.9  # share of each per-sample gradient kept (top by magnitude)
     sin_eps: PositiveFloat = 1e-8  # inside SIN's square root; keeps constant maps at 0 (norm ≤ p)
@@ -94,6 +98,11 @@ class DPAFHparams:
         canonical_config(self.layer_config)
         parse_split(self.budget_split)
 
+    def clip(self, part: str) -> float:
+        """The DPSGD clipping bound of ``part`` (conv1 or conv2)."""
+        own = getattr(self, f"max_grad_norm_{part}")
+        return self.max_grad_norm if own is None else own
+
     @property
     def dpsgd_mode(self) -> str:
         return "bk" if self.grad_sample_mode == "auto" else self.grad_sample_mode
@@ -116,6 +125,7 @@ class DPAF(Method):
     # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
     renamed_hparams = {"width": "d_width"}  # one name per concept across methods
+    late_hparams = {"max_grad_norm_conv1": None, "max_grad_norm_conv2": None}  # None: max_grad_norm, as before
     presets = {
         "quick": {
             # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
@@ -291,7 +301,7 @@ class DPAF(Method):
             other_opt = torch.optim.Adam(list(C.conv2.parameters()) + list(C.head.parameters()), lr=h.lr_c,
                                          betas=betas)
         opt = torch.optim.Adam(dp_module.parameters(), lr=h.lr_c, betas=betas)
-        gsm, dp_opt = make_private(dp_module, opt, ctx=ctx, part=part.name, max_grad_norm=h.max_grad_norm,
+        gsm, dp_opt = make_private(dp_module, opt, ctx=ctx, part=part.name, max_grad_norm=h.clip("conv1"),
                                    expected_batch_size=h.batch_size, noise_generator=noise_gen,
                                    grad_sample_mode=h.dpsgd_mode, per_example_transform=self._gc(gc_gen))
         loss_sum, seen, start = 0.0, 0, 1
@@ -352,7 +362,7 @@ class DPAF(Method):
         opt_head = torch.optim.Adam(self.head.parameters(), lr=h.lr_head, betas=betas)
         opt_g = torch.optim.Adam(self.G.parameters(), lr=h.lr_g, betas=betas)
         opt_c2 = torch.optim.Adam(self.conv2.parameters(), lr=h.lr_conv2, betas=betas)
-        gsm2, dp_opt2 = make_private(self.conv2, opt_c2, ctx=ctx, part=part2.name, max_grad_norm=h.max_grad_norm,
+        gsm2, dp_opt2 = make_private(self.conv2, opt_c2, ctx=ctx, part=part2.name, max_grad_norm=h.clip("conv2"),
                                      expected_batch_size=2 * mu * B, noise_generator=noise_gen,
                                      grad_sample_mode=h.dpsgd_mode, per_example_transform=self._gc(gc_gen))
         sigma3, sens = part3.noise_multiplier, self.sensitivity

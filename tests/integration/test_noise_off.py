@@ -70,3 +70,38 @@ def test_noise_off_refused_for_a_non_private_method(tmp_path):
     res = CliRunner().invoke(cli, ["run", "-m", "gan", "--preset", "tiny", "--noise-off", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "not private" in res.output and "Traceback" not in res.output
     assert np.all([not p.exists() for p in [tmp_path / "config.json"]])
+
+
+def test_ledger_switches_off_the_named_parts_only():
+    ledger = PrivacyLedger(Budget(epsilon=2.0, delta=1e-5), [PrivacyPart("a", 5.0, 0.1, 100),
+                                                             PrivacyPart("b", 4.0, 0.1, 100)])
+    ledger.switch_noise_off(["b"])
+    assert ledger.part("a").noise_multiplier == 5.0 and ledger.part("b").noise_multiplier == 0.0
+    ledger.spend("a", 100)
+    ledger.spend("b", 100)
+    rep = ledger.report()
+    assert rep.noise_off and rep.noise_off_parts == ("b",) and math.isinf(rep.epsilon_rdp)
+    a, b = rep.parts
+    assert 0 < a.epsilon < 2 and math.isinf(b.epsilon)  # the noised part keeps its own ε
+    assert "noise switched off in b" in rep.caveat
+    with pytest.raises(Exception, match="not a private part of this run"):
+        PrivacyLedger(Budget(epsilon=2.0, delta=1e-5), [PrivacyPart("a", 5.0, 0.1, 100)]).switch_noise_off(["z"])
+
+
+def test_noise_off_part_through_the_cli(tmp_path):
+    args = ["run", "-m", "dpaf", "--preset", "tiny", "--eps", "10", "--eval", "gen2real_mlp", "--device", "cpu"]
+    res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "r"), "--noise-off-part", "dpagg"])
+    assert res.exit_code == 0, res.output
+    priv = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert priv["noise_off"] is True and priv["noise_off_parts"] == ["dpagg"] and priv["epsilon"]["rdp"] == "inf"
+    eps = {p["name"]: p["epsilon"] for p in priv["parts"]}
+    assert eps["dpagg"] == "inf" and all(0 < eps[n] < 10 for n in ("conv1", "conv2"))
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["noise_off_parts"] == ["dpagg"]
+    from dpgen_bench.identity import report_identity
+
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert report_identity(cfg, priv)["noise"] == "off: dpagg"  # its own row, apart from noise=off and on
+    for bad, said in ((["--noise-off-part", "conv9"], "conv9 is not a private part"),
+                      (["--noise-off", "--noise-off-part", "dpagg"], "give one")):
+        res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "bad"), *bad])
+        assert res.exit_code == 2 and said in res.output and "Traceback" not in res.output, res.output

@@ -619,3 +619,27 @@ def test_the_generator_is_the_cdcgan_one_by_default_and_the_old_one_on_request()
         Generator(L, 10, 4, 8, 6, label="text")
     m, _ = _fit(eps=5.0, g_activation="relu", g_batchnorm=True, g_label="embedding")  # the old G trains
     assert isinstance(m.G.embed, nn.Embedding)
+
+
+def test_each_dpsgd_part_is_clipped_at_its_own_bound_and_noised_at_sigma_times_it(monkeypatch):
+    """max_grad_norm_conv1/2 (None: max_grad_norm) reach Opacus' optimizer of their part, whose
+    noise std on the summed gradient is σ·C of that part (make_private's closed form is tested in
+    the DPSGD tests); a plant that passes max_grad_norm to conv2 fails here."""
+    import methods.dpaf.core as core
+
+    seen = {}
+    real = core.make_private
+
+    def spy(module, opt, **kw):
+        gsm, dp_opt = real(module, opt, **kw)
+        seen[kw["part"]] = dp_opt
+        return gsm, dp_opt
+
+    monkeypatch.setattr(core, "make_private", spy)
+    m, ctx = _fit(eps=2.0, max_grad_norm=0.7, max_grad_norm_conv2=0.03)
+    assert seen["conv1"].max_grad_norm == 0.7 and seen["conv2"].max_grad_norm == 0.03
+    for part in ("conv1", "conv2"):
+        assert seen[part].noise_multiplier == ctx.ledger.planned[part].noise_multiplier
+    seen.clear()
+    _fit(eps=2.0, max_grad_norm_conv1=0.2, classifier_batches=2, batches=4)
+    assert seen["conv1"].max_grad_norm == 0.2 and seen["conv2"].max_grad_norm == 1.0

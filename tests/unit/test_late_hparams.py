@@ -16,7 +16,8 @@ from dpgen_bench.sweep import Cell
 # (method, a --set that moves a late setting off its "as before" value)
 CASES = [("dpdm", "warmup=central"), ("dpgan", "ema_decay=0.99"), ("gan", "ema_decay=0.99"),
          ("dpmerf", "generator=authors"), ("dpdm", "ema_warmup=bias-corrected"),
-         ("gswgan", "ema_warmup=bias-corrected"), ("dpac", "ema_warmup=bias-corrected")]
+         ("gswgan", "ema_warmup=bias-corrected"), ("dpac", "ema_warmup=bias-corrected"),
+         ("dpaf", "max_grad_norm_conv2=0.02")]
 
 
 def test_every_method_with_late_settings_is_covered():
