@@ -411,6 +411,8 @@ def report(results, also, layout, metrics, dataset, eps, fmt, out, with_referenc
 
     typed, layout = layout, LAYOUT_LETTERS.get(layout, layout)  # a letter: the layout's first name
     roots = [store.results_root(results)] + [Path(a) for a in also]
+    if also and results is None and not roots[0].exists():  # a clean checkout reading committed records only
+        roots = roots[1:]
     for root in roots:
         _check_results_root(root)
     where = ", ".join(map(str, roots))

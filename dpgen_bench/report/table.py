@@ -406,14 +406,16 @@ def layout_tiers(long: pd.DataFrame, dataset: str, eps: float | None, metric: st
         presets.insert(presets.index("quick") + 1, "long")
     presets += sorted(set(plain["preset"].dropna()) - set(presets))
     refs = sel[sel["source"] == "paper"]
-    methods = sorted(set(plain["base_method"]), key=lambda m: (not math.isfinite(
-        plain[plain["base_method"] == m]["eps_target"].iloc[0]), m))
+    # a method whose records all predate its preset's current form keeps its row ("—"): its paper's number stays
+    shown = ours[ours["preset"].isin(TIER_ORDER)]
+    methods = sorted(set(plain["base_method"]) | set(shown["base_method"]), key=lambda m: (not math.isfinite(
+        ours[ours["base_method"] == m]["eps_target"].iloc[0]), m))
     cells, rows, notes = [], [], []
     for m in methods:
         line: list[Cell | str] = []
         mine = plain[plain["base_method"] == m]
-        first = next(p for p in presets if (mine["preset"] == p).any())  # the row's first tier with a run
-        line.append(_spent("ours", mine[mine["preset"] == first], notes))
+        first = next((p for p in presets if (mine["preset"] == p).any()), None)  # the row's first tier with a run
+        line.append(_spent("ours", mine[mine["preset"] == first], notes) if first else "—")
         for p in presets:
             v = mine[mine["preset"] == p].drop_duplicates("run_id")["value"]
             line.append(Cell(float(v.mean()), float(v.std()) if len(v) > 1 else math.nan, len(v)) if len(v) else "—")
