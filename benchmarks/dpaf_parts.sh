@@ -20,6 +20,7 @@ declare -A ARGS=(
     [clip2-only-conv2]="$CLIP2 --noise-off-part conv1 --noise-off-part dpagg"
     [clip2-only-dpagg]="$CLIP2 --noise-off-part conv1 --noise-off-part conv2"
     [clip2-aggregate]="$CLIP2 --set g_loss=aggregate"
+    [clip2-label002]="$CLIP2 --set d_label_std=0.02"
 )
 ARMS=${ARMS:-"clip2 clip2-noiseoff clip2-only-conv2 clip2-only-dpagg clip2-only-conv1"}
 one() {

@@ -47,6 +47,9 @@ class DPAFHparams:
     g_width: PositiveInt = 64  # G's channels mirror D's with this base width
     latent_dim: PositiveInt = 100  # z, §6.1
     label_dim: PositiveInt = 16  # size of the label embeddings of D and G (ours)
+    # D's label embedding starts at N(0, s²) (ours; 1: torch's default). At 1 it is ~57× the image's
+    # spatial variation in conv2*'s input (benchmarks/presets.md, "dpaf")
+    d_label_std: PositiveFloat = 1.0
     fc_width: PositiveInt = 128  # hidden units of the first of the two FC* layers (ours)
     # G's hidden layers (nets.Generator): LeakyReLU, no BatchNorm, one-hot labels, as the cDCGAN of
     # Private GANs' code; relu + batchnorm (+ embedding) is DCGAN's textbook G, which collapses to one
@@ -125,7 +128,8 @@ class DPAF(Method):
     # the same update in every mode (tests/unit/test_dpaf.py, tests/unit/test_fastclip.py)
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
     renamed_hparams = {"width": "d_width"}  # one name per concept across methods
-    late_hparams = {"max_grad_norm_conv1": None, "max_grad_norm_conv2": None}  # None: max_grad_norm, as before
+    # as before: max_grad_norm for both parts, D's label embedding at N(0, 1)
+    late_hparams = {"max_grad_norm_conv1": None, "max_grad_norm_conv2": None, "d_label_std": 1.0}
     presets = {
         "quick": {
             # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
@@ -187,6 +191,9 @@ class DPAF(Method):
                            h.g_label)
         for m in (self.conv1, self.conv2, self.head, self.G):
             dcgan_init(m)
+        if h.d_label_std != 1.0:  # the same draw, scaled: the streams of other settings stay as they were
+            with torch.no_grad():
+                self.conv2.embed.weight.mul_(h.d_label_std)
 
     def _features(self, x, y, conv2=None):
         """SIN(conv2*(conv1(x), y)): the per-example maps that (DP)AGG aggregates."""

@@ -643,3 +643,12 @@ def test_each_dpsgd_part_is_clipped_at_its_own_bound_and_noised_at_sigma_times_i
     seen.clear()
     _fit(eps=2.0, max_grad_norm_conv1=0.2, classifier_batches=2, batches=4)
     assert seen["conv1"].max_grad_norm == 0.2 and seen["conv2"].max_grad_norm == 1.0
+
+
+def test_d_label_std_scales_the_same_draw_of_the_label_embedding():
+    torch.manual_seed(0)
+    a = DPAF(DPAFHparams(**TINY), DIGITS)
+    torch.manual_seed(0)
+    b = DPAF(DPAFHparams(**TINY, d_label_std=0.02), DIGITS)
+    assert torch.allclose(b.conv2.embed.weight, 0.02 * a.conv2.embed.weight)
+    assert all(torch.equal(p, q) for p, q in zip(a.G.parameters(), b.G.parameters()))  # nothing else moves
