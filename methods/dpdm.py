@@ -113,7 +113,7 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
-from dpgen_bench.nets.averaging import EmaWarmup, update_average
+from dpgen_bench.nets.averaging import EmaWarmup, settle_warmup, update_average
 from dpgen_bench.nets.unet import ConditionalUNet
 from dpgen_bench.privacy import (calibrate_noise, dpsgd_noise_to_signal, parameter_count, release_noise_to_signal,
                                  steps_and_noise)
@@ -175,8 +175,7 @@ class DPDMHparams:
 
     def __post_init__(self):
         check_declared(self)
-        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
-            object.__setattr__(self, "ema_warmup", "none")
+        settle_warmup(self, "none")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}")
         if self.warmup not in WARMUPS:

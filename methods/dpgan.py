@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
-from dpgen_bench.nets.averaging import EmaWarmup, update_average
+from dpgen_bench.nets.averaging import EmaWarmup, settle_warmup, update_average
 from dpgen_bench.nets.dcgan import ConditionalDiscriminator, ConditionalGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, steps_and_noise
@@ -143,8 +143,7 @@ class DPGANHparams:
 
     def __post_init__(self):
         check_declared(self)
-        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
-            object.__setattr__(self, "ema_warmup", "none")
+        settle_warmup(self, "none")
 
 
 def _value_from_table(table: str, epsilon: float) -> float:

@@ -150,7 +150,7 @@ from torch import nn
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
-from dpgen_bench.nets.averaging import EmaWarmup, update_average
+from dpgen_bench.nets.averaging import EmaWarmup, settle_warmup, update_average
 from dpgen_bench.nets.projection import ProjectionDiscriminator
 from dpgen_bench.nets.resnet import ConditionalResNetGenerator
 from dpgen_bench.nets.sampling import ConditionalSampling
@@ -197,8 +197,7 @@ class GSWGANHparams:
 
     def __post_init__(self):
         check_declared(self)
-        if self.ema_decay == 0:  # nothing to warm up: the as-before value, so the run's identity is unchanged
-            object.__setattr__(self, "ema_warmup", "uniform")
+        settle_warmup(self, "uniform")
         if self.privacy_mode not in ("sound", "paper"):
             raise ValueError("privacy_mode must be 'sound' or 'paper'")
 

@@ -25,6 +25,14 @@ EmaWarmup = Literal["bias-corrected", "none", "uniform"]
 EMA_WARMUPS: tuple[str, ...] = ("bias-corrected", "none", "uniform")
 
 
+def settle_warmup(hparams, as_before: str) -> None:
+    """Without an average (``ema_decay`` 0) there is nothing to warm up: ``ema_warmup`` takes the
+    method's "as before" value, so such a run's identity is the one it had before the setting
+    existed. For the frozen Hparams dataclasses, in their ``__post_init__``."""
+    if hparams.ema_decay == 0:
+        object.__setattr__(hparams, "ema_warmup", as_before)
+
+
 def average_decay(decay: float, step: int, warmup: str = "bias-corrected") -> float:
     """The share of the average kept at its ``step``-th update (1, 2, …) under ``warmup``."""
     if step < 1:
