@@ -480,10 +480,134 @@ def block_verdicts(block: str, dataset: str, claims: list[dict]) -> dict[str, tu
     return out
 
 
+def sync_claim_text(block: str, dataset: str, claims: list[dict]) -> str:
+    """``block`` with each section's Source and The paper lines as the claims file says now:
+    they state the claim, not its runs, so a kept section needs no records to follow an edit."""
+    for claim in claims:
+        found = find_section(block, claim["id"], dataset)
+        if found is None:
+            continue
+        section = found[1]
+        for label, text in (("Source", claim["source"]), ("The paper", claim["paper"])):
+            section = re.sub(rf"^- \*\*{label}:\*\* .*$", lambda _: f"- **{label}:** {text}", section, count=1,
+                             flags=re.M)
+        block = block.replace(found[1], section, 1)
+    return block
+
+
+_ROW = re.compile(r"^\| (.+?) \| (\d+)/(\d+) \| (.*) \|$", re.M)
+_VALUE = re.compile(r"([0-9.]+)(?: ± ([0-9.]+))?(?: \(n=(\d+)\))?")
+REFRESHED = "_Rows of "  # the note of a section whose shared arms show a later section's rows
+
+
+def _rendered_on(block: str, dataset: str, claims: list[dict]) -> dict[str, str]:
+    """claim id → when its section's numbers were rendered, as sortable text: the block's
+    date, or the date ``--only`` re-rendered it; "" for a section kept from an earlier render."""
+    base = re.search(r"^_Last regenerated (\d{4}-\d{2}-\d{2})", block, re.M)
+    dates = {c["id"]: base.group(1) if base else "" for c in claims}
+    note = re.search(r"^_Sections (.*?) \(`(?:bench claims|claims\.py) --only`\)", block, re.M | re.S)
+    for group in re.finditer(r"(.+?) re-rendered (\d{4}-\d{2}-\d{2})(?:; |$)", note.group(1) if note else ""):
+        dates.update(dict.fromkeys(group.group(1).split(", "), group.group(2)))
+    for c in claims:
+        found = find_section(block, c["id"], dataset)
+        if found and KEPT_NOTE in found[1]:
+            dates[c["id"]] = ""
+    return dates
+
+
+def _table(section: str) -> tuple[list[str], dict[str, tuple[int, int, dict[str, str]]]]:
+    """(metric columns, arm → (complete seeds, seeds, column → cell)) of a section's table."""
+    header = re.search(r"^\| arm \| seeds \| ε spent \(RDP / PRV\) \| (.*) \|$", section, re.M)
+    metrics = header.group(1).split(" | ") if header else []
+    rows = {}
+    for m in _ROW.finditer(section):
+        cells = m.group(4).split(" | ")
+        rows[m.group(1)] = (int(m.group(2)), int(m.group(3)), dict(zip(["ε spent"] + metrics, cells)))
+    return metrics, rows
+
+
+def _arm_from_row(name: str, ref: str | None, done: int, total: int, cells: dict[str, str]) -> Arm:
+    """An arm whose values have the mean, sample std and count a row prints: the statistics
+    every check reads, so a check of such arms is the check of the runs, to the row's rounding."""
+    arm = Arm(name, [None] * total, ref=ref)
+    for metric, text in cells.items():
+        m = _VALUE.fullmatch(text)
+        if metric == "ε spent" or m is None:
+            continue
+        n = int(m.group(3) or done)
+        z = np.arange(n) - (n - 1) / 2
+        z = z / np.std(z, ddof=1) if n > 1 else z  # n values of mean 0 and sample std 1
+        arm.values[metric] = list(float(m.group(1)) + float(m.group(2) or 0) * z)
+    return arm
+
+
+def refresh_shared_rows(spec: dict, block: str, dataset: str, claims: list[dict]) -> str:
+    """One number per run in a block: an arm that several sections show (the same cells)
+    shows, in every section, the row of the section rendered last, when one was (a section
+    kept from an earlier render, or one ``--only`` did not re-render, can hold older runs of
+    it); such a section's checks and verdict are recomputed from its rows as shown, and a
+    note names the rows and where they come from."""
+    claims = [c for c in claims if dataset in claim_datasets(spec, c) and find_section(block, c["id"], dataset)]
+    dates = _rendered_on(block, dataset, claims)
+    sections = {c["id"]: find_section(block, c["id"], dataset) for c in claims}
+    tables = {cid: _table(s[1]) for cid, s in sections.items()}
+    arms = {c["id"]: build_arms(spec, c, dataset) for c in claims}
+    shown: dict[tuple, list[tuple[str, str]]] = {}  # the arm's cells → (claim id, arm name) of each row
+    for cid, by_name in arms.items():
+        for name, a in by_name.items():
+            if name in tables[cid][1]:
+                shown.setdefault(tuple(c.run_name for c in a.cells), []).append((cid, name))
+    replaced: dict[str, dict[str, str]] = {}  # claim id → arm name → the claim id its row comes from
+    for places in shown.values():
+        last = max(dates[cid] for cid, _ in places)
+        if len({repr(tables[cid][1][name]) for cid, name in places if dates[cid] == last}) > 1:
+            continue  # sections of the same render disagree: nothing says which is current
+        source = next((cid, name) for cid, name in places if dates[cid] == last)
+        for cid, name in places:
+            done, total, cells = tables[cid][1][name]
+            new = tables[source[0]][1][source[1]]
+            if dates[cid] < last and (done, total, cells) != new and set(cells) <= set(new[2]):
+                tables[cid][1][name] = new
+                replaced.setdefault(cid, {})[name] = source[0]
+    for claim in claims:
+        cid = claim["id"]
+        if cid not in replaced:
+            continue
+        name_of, section = sections[cid]
+        metrics, rows = tables[cid]
+        for name, (done, total, cells) in rows.items():
+            line = f"| {name} | {done}/{total} | " + " | ".join(cells[k] for k in ["ε spent"] + metrics) + " |"
+            section = re.sub(rf"^\| {re.escape(name)} \| .*$", lambda _: line, section, count=1, flags=re.M)
+        built = {name: _arm_from_row(name, a.ref, *rows[name]) for name, a in arms[cid].items() if name in rows}
+        results = [r for exp in claim["expect"] for r in check(spec, exp, built)]
+        lines = section.split("\n")
+        last_row = max(i for i, s in enumerate(lines) if _ROW.match(s))
+        first = next((i for i in range(last_row + 1, len(lines)) if lines[i].startswith("- ")), len(lines))
+        end = next((i for i in range(first, len(lines)) if not lines[i].startswith("- ")), len(lines))
+        lines[first:end] = [f"- {v + ': ' if v else ''}{t}" for v, t in results]
+        by_source: dict[str, list[str]] = {}
+        for name, src in replaced[cid].items():
+            by_source.setdefault(src, []).append(name)
+        note = REFRESHED + "; ".join(", ".join(f"`{n}`" for n in names) + f" as [{src}](#{sections[src][0]}) shows them"
+                                     for src, names in by_source.items()) + \
+            " (rendered since, from newer runs); the checks above are recomputed from the rows as shown._"
+        old = [i for i, s in enumerate(lines) if s.startswith(REFRESHED)]
+        if old:
+            lines[old[0]] = note
+        else:
+            lines[end:end] = ["", note]
+        section = re.sub(r"^- \*\*Verdict: .*\*\*$", lambda _: f"- **Verdict: {claim_verdict(results)}**",
+                         "\n".join(lines), count=1, flags=re.M)
+        block = block.replace(sections[cid][1], section, 1)
+    return block
+
+
 def render(spec: dict, blocks: dict[str, str], source: str | Path = DEFAULT_FILE) -> str:
     """The whole file: the header, the summary (read back from ``blocks``), then the blocks in
-    the order of the file's datasets (a kept block of a dataset the file no longer lists last);
-    ``source``: the claims file, as the header names it."""
+    the order of the file's datasets (a kept block of a dataset the file no longer lists last),
+    each with its claims' text as the file says now and one row per shared arm
+    (``sync_claim_text``, ``refresh_shared_rows``); ``source``: the claims file, as the header
+    names it."""
     datasets = [d for d in spec["datasets"] if d in blocks] + [d for d in blocks if d not in spec["datasets"]]
     listed = spec["datasets"] + [d for d in datasets if d not in spec["datasets"]]
     names = ", ".join(listed[:-1]) + " and " + listed[-1] if len(listed) > 1 else listed[0]
@@ -498,6 +622,8 @@ def render(spec: dict, blocks: dict[str, str], source: str | Path = DEFAULT_FILE
              f"α = {spec.get('alpha', 0.05)}; an accuracy comparison whose arms are all within "
              f"{spec.get('chance_margin', 0.05)} of chance is *not testable at this scale*.", "",
              "| claim | source | " + " | ".join(listed) + " |", "|---|---|" + "---|" * len(listed)]
+    blocks = {d: refresh_shared_rows(spec, sync_claim_text(b, d, spec["claims"]), d, spec["claims"])
+              if d in spec["datasets"] else b for d, b in blocks.items()}
     verdicts = {d: block_verdicts(blocks[d], d, spec["claims"]) for d in datasets}
     for claim in spec["claims"]:
         cells = []

@@ -65,10 +65,8 @@ Departures from the paper (besides GS-WGAN's, listed in ``methods.gswgan``):
   which DP-GAN-DPAC adopts (§5.1: σ = 1.07, K = 1000, 20,000 iterations); its ε is not a
   DP guarantee and is recorded with a caveat (see ``methods.gswgan``).
 
-On full MNIST the quick preset stays below 0.5 even without noise (0.455 at T = 500, 0.151 at
-the demo's T = 250; with noise at ε = 10 and 100 at chance): gswgan's docstring says why
-(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?"). The `long`
-preset's hour at ε ∈ {1, 10, 100} and without noise is CLAIMS.md's `mnist-long`.
+The runs behind the presets, on digits, mnist-5k and full MNIST: benchmarks/presets.md, "dpac"
+(why it stays at chance with the noise: gswgan's docstring).
 """
 
 from __future__ import annotations

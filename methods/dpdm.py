@@ -47,12 +47,10 @@ Departures from the paper and the authors' code (docs/provenance.md, value by va
   itself (plain conv down/up-sampling instead of BigGAN blocks). The paper presets have not
   run yet (a GPU job).
 - ``quick`` (digits 16×16, CPU): nf = 8, levels (1, 2), one block per level, no attention,
-  K = 2, B = 32, 1,000 steps, 12 Heun steps, chosen on the validation part (the first
-  increment's nf = 16 and 400 steps did worse); the paper's network, K = 32
-  and B = 4,096 are far beyond a CPU budget. The DP step costs ~2.7× the same non-private
-  step here (one thread, B·K = 64 rows). Without noise the same pipeline reaches 0.95 on
-  the validation part: the noise, not the network, limits it at N = 1,437; large batches
-  at the same compute (σ/B 4× smaller) did not help, more steps did (benchmarks/presets.md).
+  K = 2, B = 32, 1,000 steps, 12 Heun steps, chosen on the validation part
+  (benchmarks/presets.md, "dpdm"); the paper's network, K = 32 and B = 4,096 are far beyond a
+  CPU budget. The DP step costs ~2.7× the same non-private step here (one thread, B·K = 64
+  rows).
 
 DP-FETA's warm start (``--set warmup=central``; Li et al., *From Easy to Hard: Building a
 Shortcut for Differentially Private Image Synthesis*, S&P 2025, as DPImageBench runs it,
@@ -84,19 +82,10 @@ presets (MNIST, Fashion-MNIST) take their configs: central batch 6,000, σ 5, 5 
 2,000 warm-up steps of 50, then their DPDM settings (150 epochs: T = 2,250; NCSN++ nf = 32,
 ch_mult (2, 2), attention at 14, B = 4,096, K = 32, 50-step "ddim"). ``quick-feta`` (digits,
 mnist-5k, CPU): the central images from the whole split (rate 1), five queries, σ calibrated
-to 30 % of ε (``central_share``), 600 warm-up steps. On digits at ε = 10 the warm start, not
-DP-SGD, carries the result; at ε = 1 the central images are noise, and on mnist-5k the
-demo-sized network limits it (benchmarks/presets.md, "dpdm with DP-FETA's warm start").
+to 30 % of ε (``central_share``), 600 warm-up steps.
 
-On full MNIST the quick preset (100 steps of a nf-8 U-Net since the demo moved there; 150
-before) is at chance with and without noise (0.149 noise off; 0.185 at 150 steps): a minute
-is too little compute there (benchmarks/presets.md, "The quick presets on mnist: the noise or
-the minute?"). The `long` preset (the same U-Net at B = 256, T = 1,500, about 30 minutes of one
-core) learns digits without noise (0.748 on val; 0.735 on test) and not at ε = 10 (0.340 on
-val; B = 512 with a longer EMA, 0.362; 0.316 ± 0.010 over 3 test seeds), nor at ε = 100
-(0.479): in an hour of a CPU the noise binds (benchmarks/presets.md, "dpdm's hour on mnist";
-CLAIMS.md, mnist-learns and mnist-long). The paper's MNIST setting (the `paper` preset: nf 32, three
-resolutions, B = 4,096, noise multiplicity 32) is a GPU's.
+The runs behind the presets (the quick ones, DP-FETA's warm start, the `long` one on full
+MNIST): benchmarks/presets.md, "dpdm".
 """
 
 from __future__ import annotations

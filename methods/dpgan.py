@@ -169,7 +169,7 @@ class DPGAN(ConditionalSampling, Method):
     renamed_hparams = {"width": "d_width", "g_ema": "ema_decay"}  # one name per concept across methods
     presets = {
         "quick": {
-            # first tuned on the test split, then confirmed on val (benchmarks/presets.md, "Earlier history")
+            # first tuned on the test split, then confirmed on val (benchmarks/presets.md, "dpgan", digits)
             "digits": dict(batch_size=64, steps=1500, n_d=1, d_width=32, g_width=32, latent_dim=32,
                            lr_d=1e-3, lr_g=1e-3, adaptive_beta=0.95, samples_per_class=100),
             # narrow nets for the demo's CPU budget, n_D = 2: best of 18 on val (benchmarks/presets.md, "dpgan")
@@ -186,7 +186,7 @@ class DPGAN(ConditionalSampling, Method):
             # the quick search's levers: many G steps, width 32, G's weight average (benchmarks/presets.md, "dpgan")
             "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, d_width=32, g_width=32, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
-            # the paper's networks, B = 64, T = 3,000: 0.639 on val (benchmarks/presets.md, "Full MNIST")
+            # the paper's networks, B = 64, T = 3,000: 0.639 on val (benchmarks/presets.md, "dpgan", mnist)
             "mnist": dict(batch_size=64, steps=3000, n_d=2, d_width=128, g_width=128, latent_dim=128,
                           lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
         },

@@ -134,7 +134,7 @@ class DPMERF(ConditionalSampling, Method):
     presets = {
         # digits: rff_sigma scaled from MNIST's 105 by 256/784 pixels, chosen on val (benchmarks/presets.md)
         "quick": {"digits": dict(rff_sigma=34.0, epochs=10, batch_size=200, samples_per_class=100),
-                  # the authors' MNIST rff_sigma and D (benchmarks/presets.md, "The other methods")
+                  # the authors' MNIST rff_sigma and D (benchmarks/presets.md, "dpmerf", mnist-5k)
                   "mnist-5k": dict(epochs=10, batch_size=200, samples_per_class=100),
                   # one epoch (300 G steps), lr chosen on val (benchmarks/presets.md, "dpmerf's learning rate on mnist")
                   "mnist": dict(epochs=1, batch_size=200, lr=3e-3, samples_per_class=100)},

@@ -64,12 +64,8 @@ Departures from the authors' code (``Justinyangjy/DP-NTK``, ``MNIST/``; DPImageB
 - CelebA: the paper's runs are unconditional (one class, ``fc_2l`` of widths 3000 and 200);
   the ``paper`` preset of the labelled ``celeba-gender-32`` takes DPImageBench's configs.
 - The ``quick`` presets narrow f to widths 50-100 (D ≈ 27k-80k) so that one CPU core embeds
-  60,000 images in seconds; everything else is the method as above. On mnist at ε = 10 the
-  quick preset gives 0.799 ± 0.009 over 3 test seeds (CLAIMS.md, block mnist), a hair under
-  the 0.8 aimed at. Not the noise: its release's noise to signal is 0.019 (``bench
-  privacy``), and with ``--noise-off`` the same pipeline gives 0.807 on the validation part
-  against 0.812 with the noise (seed 0). The narrow network's embedding and the minute's
-  generator steps are what is left (docs/methods.md, "dpntk", has the settings tried).
+  60,000 images in seconds; everything else is the method as above (the settings tried, and
+  what limits them on mnist: benchmarks/presets.md, "dpntk").
 """
 
 from __future__ import annotations

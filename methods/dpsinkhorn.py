@@ -79,10 +79,8 @@ Departures from the authors' code:
 - ``quick`` (digits, CPU) uses B = 10, 6,000 steps and Adam 5e-4; chosen on the validation
   part (benchmarks/presets.md).
 
-On full MNIST the quick preset is at chance with the noise, and without it at T = 2,000
-(0.102) but not at the demo's T = 1,000 (0.599; one seed each, so a draw at this length); the
-noise's norm is 58 times the clipped signal per step
-(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?").
+The runs behind the presets, on digits, mnist-5k and full MNIST: benchmarks/presets.md,
+"dpsinkhorn".
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class GAN(DPGAN):
         # dpgan's `long` networks and schedule without the noise: that column's non-private reference (presets.md)
         "long": {"mnist": dict(DPGAN.presets["long"]["mnist"])},
         "tiny": {"*": dict(DPGAN.presets["tiny"]["*"], n_d=1)},
-        # copies a small member set: MIA's and `bench audit`'s positive control (benchmarks/presets.md, "memorise")
+        # copies a small member set: MIA's and `bench audit`'s positive control (benchmarks/presets.md, "gan")
         "memorise": {"digits": dict(DPGAN.presets["quick"]["digits"], n_d=1, steps=5000, g_width=64,
                                     lr_g=1e-3, lr_d=2e-4)},
         "paper": {

@@ -103,8 +103,7 @@ Departures from the papers:
   only shrinks); the ``paper`` presets use the papers' values (see ``presets``).
 
 Why GS-WGAN (and DP-GAN-DPAC) stays at chance on mnist-5k at every ε (the runs:
-benchmarks/presets.md, "The seed methods on mnist-5k" and "The demo's budget"). Two limits,
-measured apart:
+benchmarks/presets.md, "gswgan"). Two limits, measured apart:
 
 - *Compute* binds the ``quick`` preset. With the digits settings (K = 50 discriminators, 3
   pretraining and ~10 critic steps each, T = 500) the pipeline stays at chance even without
@@ -128,13 +127,7 @@ measured apart:
   more records per discriminator and K pretrainings: at N = 4,000 on a CPU that is out of
   reach, and at ε ≤ 10 the sound mechanism stays far noisier than the paper's.
 
-On full MNIST (N = 60,000) the ratio does not move (567 at any N: the rate is 1/K), and the
-quick preset stays at chance even without noise (0.254 at T = 500, 0.170 at the demo's
-T = 250; DPAC's 0.455 and 0.151): there the minute binds first, the noise after it
-(benchmarks/presets.md, "The quick presets on mnist: the noise or the minute?"). The `long`
-preset's hour at ε ∈ {1, 10, 100} and without noise is CLAIMS.md's `mnist-long`: 0.112 /
-0.082 / 0.145 with the noise, 0.680 without it (seed 0): the hour's compute is enough, the noise
-is not (benchmarks/presets.md, "GS-WGAN's and DP-GAN-DPAC's hour on mnist").
+The runs behind the presets, on digits, mnist-5k and full MNIST: benchmarks/presets.md, "gswgan".
 """
 
 from __future__ import annotations
@@ -231,7 +224,7 @@ class GSWGAN(ConditionalSampling, Method):
             "mnist": dict(_QUICK_DIGITS, num_discriminators=10, pretrain_steps=5, batch_size=16, steps=250),
         },
         "long": {
-            # the digits settings at 4× the compute: learns only without noise (benchmarks/presets.md, "seed methods")
+            # the digits settings at 4× the compute: learns only without noise (presets.md, "gswgan", mnist-5k)
             "mnist-5k": dict(_QUICK_DIGITS, steps=2000, pretrain_steps=40),
             # mnist-5k's (no part depends on N): the hour's noise-or-compute diagnostic (CLAIMS.md, mnist-long)
             "mnist": dict(_QUICK_DIGITS, steps=2000, pretrain_steps=40),

@@ -151,17 +151,7 @@ On digits the ``quick`` preset departs from the canonical split (see its comment
 benchmarks/presets.md): at N = 1,437 the split (0.1, ×, 0.1), made for N = 60,000, leaves
 DPAGG's aggregates mostly noise.
 
-On full MNIST the quick pipeline learns without noise (0.725) and stays at chance at ε = 10
-and 100: at B = 24 conv1's and DPAGG's noise is 4.9 and 3.3 times the clipped signal per step
-(2.1 and 1.6 at ε = 100); B = 200 brings every part below 1 and reaches 0.35 on val, B = 500
-and 1,000 (ratios ≤ 0.4) 0.485 and 0.472 in 20-30 minutes; twice the batches (0.497) or wider
-networks (0.303) do not help. The `long` preset (B = 500, 3,000 batches, about 20 minutes of
-one core) gives 0.393 ± 0.156 on the test split at ε = 10 over 3 seeds, below 0.5: each seed
-draws one image per class whatever z, because D's head, trained on DPAGG's batch means,
-separates real from fake batches perfectly while the same head on one image (what G's step
-reads) is at chance. At ε = 100 it is still one image per class (0.483, seed 0; 0.147 at
-ε = 1); without noise it keeps z (0.661): even ε = 100's noise collapses G, and the collapse
-caps it (benchmarks/presets.md, "dpaf's hour on mnist"; CLAIMS.md, mnist-long).
+The runs behind the presets, on digits, mnist-5k and full MNIST: benchmarks/presets.md, "dpaf".
 """
 
 from .core import DPAF, DPAFHparams

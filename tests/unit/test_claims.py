@@ -404,3 +404,69 @@ def test_a_claims_figures_are_drawn_from_its_own_records_only(tmp_path):
         linked = {p.name for p in (out / "runs").iterdir()}
         assert linked == {a.cells[0].run_name for a in arms.values()}
     assert out / "mnist-gen2real_cnn-vs-eps.png" in paths
+
+
+def _arms_with(spec, claim, dataset, values):
+    """The claim's arms on ``dataset``, each holding ``values(name)`` as its gen2real_cnn and
+    real2gen_cnn seeds (no records: what ``read_arm`` would fill in)."""
+    arms = claims.build_arms(spec, claim, dataset)
+    for name, a in arms.items():
+        for metric in ("gen2real_cnn", "real2gen_cnn"):
+            a.values[metric] = list(values(name))
+        a.eps = [(9.96, 9.1)] * len(a.cells)
+    return arms
+
+
+def test_a_shared_arm_shows_the_row_of_the_section_rendered_last(monkeypatch):
+    """Two claims share an arm (the same cells); ``--only`` re-renders one of them from newer
+    runs: the other section shows the newer row too, its checks and verdict recomputed from its
+    rows as shown and a note saying so, and a second render changes nothing."""
+    spec = claims.load_claims(CLAIMS_YAML)
+    small_n, vs = (next(c for c in spec["claims"] if c["id"] == i) for i in ("small-n", "dpac-vs-gswgan"))
+    before = {"dpac, noise off": [0.82, 0.85, 0.80], "gswgan, noise off": [0.80, 0.79, 0.81]}
+    after = {"dpac, noise off": [0.60, 0.62, 0.58], "gswgan, noise off": [0.80, 0.79, 0.81]}
+    monkeypatch.setattr(claims.time, "strftime", lambda fmt, *a: "2026-11-25")
+    old = {c["id"]: _arms_with(spec, c, "digits", lambda n: before.get(n, [0.1, 0.11, 0.09])) for c in (small_n, vs)}
+    block = claims.render_block(spec, "digits", [small_n, vs], old, None)
+    assert "inconclusive: dpac, noise off 0.823 vs gswgan, noise off 0.800" in block
+    monkeypatch.setattr(claims.time, "strftime", lambda fmt, *a: "2026-11-27")
+    new = {"small-n": _arms_with(spec, small_n, "digits", lambda n: after.get(n, [0.1, 0.11, 0.09]))}
+    block = claims.replace_sections(block, claims.render_block(spec, "digits", [small_n], new, None), "digits",
+                                    [small_n])
+    out = claims.refresh_shared_rows(spec, block, "digits", spec["claims"])
+    row = "| dpac, noise off | 3/3 | 9.96 / 9.1 | 0.600 ± 0.020 | 0.600 ± 0.020 |"
+    section = claims.find_section(out, "dpac-vs-gswgan", "digits")[1]
+    assert row in claims.find_section(out, "small-n", "digits")[1] and row in section
+    assert "0.823" not in section and "**Verdict: not reproduced**" in section
+    assert "- not reproduced: dpac, noise off 0.600 vs gswgan, noise off 0.800" in section
+    assert "_Rows of `dpac, noise off` as [small-n](#small-n-digits) shows them" in section
+    assert claims.refresh_shared_rows(spec, out, "digits", spec["claims"]) == out
+    # kept from an earlier render: older than any section rendered from records here
+    kept = block.replace("_Last regenerated", claims.KEPT_NOTE + "\n\n_Last regenerated", 1)
+    assert claims._rendered_on(kept, "digits", [small_n, vs]) == {"small-n": "2026-11-27", "dpac-vs-gswgan": ""}
+
+
+def test_sections_of_one_render_that_disagree_are_left_as_they_are(monkeypatch):
+    """Nothing says which of two sections rendered together holds the current runs."""
+    spec = claims.load_claims(CLAIMS_YAML)
+    small_n, vs = (next(c for c in spec["claims"] if c["id"] == i) for i in ("small-n", "dpac-vs-gswgan"))
+    monkeypatch.setattr(claims.time, "strftime", lambda fmt, *a: "2026-11-25")
+    one = claims.render_block(spec, "digits", [small_n], {"small-n": _arms_with(
+        spec, small_n, "digits", lambda n: [0.5, 0.6, 0.7])}, None)
+    two = claims.render_block(spec, "digits", [vs], {"dpac-vs-gswgan": _arms_with(
+        spec, vs, "digits", lambda n: [0.2, 0.3, 0.4])}, None)
+    block = one.rsplit("\n_Last regenerated", 1)[0] + two.split("\n\n", 1)[1]
+    assert claims.refresh_shared_rows(spec, block, "digits", spec["claims"]) == block
+
+
+def test_a_claims_statement_follows_the_file_without_its_records():
+    """Source and The paper state the claim: a render rewrites them from the claims file in
+    every section, kept ones included; what the runs were (Checked at) stays as rendered."""
+    spec = claims.load_claims(CLAIMS_YAML)
+    claim = next(c for c in spec["claims"] if c["id"] == "mnist-long")
+    section = (f'<a id="mnist-long-mnist"></a>\n## x (mnist)\n\n- **Source:** old source\n'
+               f"- **The paper:** passes 0.5\n- **Checked at:** as it ran\n- **Verdict: reproduced**\n\n"
+               f"{claims.KEPT_NOTE}\n\n_Last regenerated 2026-11-25._")
+    out = claims.sync_claim_text(section, "mnist", spec["claims"])
+    assert f"- **Source:** {claim['source']}\n- **The paper:** {claim['paper']}\n- **Checked at:** as it ran" in out
+    assert claims.sync_claim_text(out, "mnist", spec["claims"]) == out
