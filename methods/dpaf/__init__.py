@@ -113,7 +113,13 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   image sizes (MNIST 28, CelebA 64, FFHQ 128; ``image_size`` resizes if asked).
 - Optimisers: the paper writes "SGD"/"DPSGD" without rates; we use Adam(β = (0.5, 0.999))
   — DP-Adam for the private parts — lr 2e-4 (GAN parts) and 1e-3 (C); clipping norm
-  u1 = u2 = 1.0 (not given).
+  u1 = u2 = 1.0 (not given), each part's own on request (``max_grad_norm_conv1/2``). In sound
+  mode conv2*'s per-example gradient carries the head's 1/B (v is the BCE's gradient at a mean
+  of B rows), so its norms sit near 0.01–0.1 on mnist at B = 500: at u2 = 1 the noise is ~100×
+  the mean update and G collapses to one image per class; mnist's ``long`` clips conv2* at
+  0.02, its measured scale (benchmarks/presets.md, "dpaf", mnist). Scaling v by B instead
+  would be the same Adam update with the clip at u2/B; a per-part bound leaves the
+  sensitivity argument as it is.
 - 𝔹 (number of batches) and n_critic are not given: ``paper`` presets use 𝔹 = 20,000 for
   both loops and n_critic = 1 (Table 16: the best n_critic at ε = 10 with μ = 8);
   Figure 5's μ = 8, n_critic = 3 is only an illustration.
