@@ -136,11 +136,9 @@ class DPAF(Method):
             "digits": _QUICK_DIGITS,
             # a D that keeps up with G (benchmarks/presets.md, "DPAF's discriminator settings")
             "mnist-5k": _QUICK_MNIST,
-            # conv2*'s clip at its measured scale (median 0.12 at C = 1): val 0.162 against 0.084 (presets.md, "dpaf")
             "mnist": dict(_QUICK_MNIST, max_grad_norm_conv2=0.1),
         },
-        # B = 500, 3,000 batches; conv2*'s clip at its measured gradient norm (median 0.015 at C = 1, where the
-        # noise was 133× the mean update and G collapsed): val 0.682 against 0.485 (benchmarks/presets.md, "dpaf")
+        # B = 500; conv2*'s clip (and quick's) at its measured gradient scale: benchmarks/presets.md, "dpaf"
         "long": {"mnist": dict(_QUICK_MNIST, batch_size=500, batches=3000, classifier_batches=300,
                                max_grad_norm_conv2=0.02)},
         "tiny": {  # tests only: seconds
