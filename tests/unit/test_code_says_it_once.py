@@ -93,3 +93,20 @@ def test_code_and_tests_name_behaviour_not_tracker_numbers():
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in paths
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if TRACKER_NUMBER.search(line)]
     assert not hits, "name the behaviour a note protects, not its issue number:\n" + "\n".join(hits)
+
+
+MEAN_STD = re.compile(r"[0-9]\.[0-9]+ ± [0-9]\.[0-9]+")
+
+
+def test_no_mean_std_result_is_copied_into_more_than_two_files():
+    """A measured mean ± std lives in its generated home (CLAIMS.md, the README's table) and at
+    most one page that explains it; every other place links."""
+    skip = {".venv", "results", "build", ".git", "mutants", "node_modules"}
+    files = [p for p in ROOT.rglob("*") if p.suffix in (".md", ".py") and p.is_file()
+             and not skip & set(p.relative_to(ROOT).parts)]
+    where: dict[str, set[str]] = {}
+    for p in files:
+        for m in MEAN_STD.findall(p.read_text(encoding="utf-8", errors="replace")):
+            where.setdefault(m, set()).add(str(p.relative_to(ROOT)))
+    copied = {m: sorted(v) for m, v in where.items() if len(v) > 2}
+    assert len(where) > 50 and not copied, copied
