@@ -55,7 +55,7 @@ from scipy import stats
 from . import store
 from .errors import UserError
 from .report.references import load_references
-from .report.table import higher_is_better
+from .report.table import cell_values, higher_is_better
 from .sweep import Cell, expand, run_sweep
 
 DEFAULT_FILE = Path("benchmarks") / "claims.yaml"  # relative to the working directory, as bench's other paths
@@ -496,7 +496,6 @@ def sync_claim_text(block: str, dataset: str, claims: list[dict]) -> str:
 
 
 _ROW = re.compile(r"^\| (.+?) \| (\d+)/(\d+) \| (.*) \|$", re.M)
-_VALUE = re.compile(r"([0-9.]+)(?: ± ([0-9.]+))?(?: \(n=(\d+)\))?")
 REFRESHED = "_Rows of "  # the note of a section whose shared arms show a later section's rows
 
 
@@ -531,13 +530,9 @@ def _arm_from_row(name: str, ref: str | None, done: int, total: int, cells: dict
     every check reads, so a check of such arms is the check of the runs, to the row's rounding."""
     arm = Arm(name, [None] * total, ref=ref)
     for metric, text in cells.items():
-        m = _VALUE.fullmatch(text)
-        if metric == "ε spent" or m is None:
-            continue
-        n = int(m.group(3) or done)
-        z = np.arange(n) - (n - 1) / 2
-        z = z / np.std(z, ddof=1) if n > 1 else z  # n values of mean 0 and sample std 1
-        arm.values[metric] = list(float(m.group(1)) + float(m.group(2) or 0) * z)
+        values = None if metric == "ε spent" else cell_values(text, done)
+        if values is not None:
+            arm.values[metric] = values
     return arm
 
 

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from .. import store
 from ..config import build_config
 from ..errors import UserError
 from .references import load_references
-from .table import (CAVEAT_MARK, ID_COLS, Table, collect, label_variants, layout_tiers, record_rows,
+from .table import (CAVEAT_MARK, ID_COLS, Table, cell_values, collect, label_variants, layout_tiers, record_rows,
                     render_markdown)
 
 DATASET, EPS, METRIC = "mnist", 10.0, "gen2real_cnn"
@@ -69,20 +67,17 @@ def carried_quick_rows(previous: str) -> list[dict]:
         return []
     out = []
     for method, cells in rows.items():
-        m = re.fullmatch(r"([0-9.]+)(?: ± ([0-9.]+))?(?: \(n=(\d+)\))?", cells["quick"])
-        if m is None:
+        values = cell_values(cells["quick"], 3)
+        if values is None:
             if cells["quick"] != "—":
                 raise UserError(f"{method}'s quick cell {cells['quick']!r} cannot be carried over: re-run make demo")
             continue
         if CAVEAT_MARK in cells["ε spent"]:
             raise UserError(f"{method}'s quick run carries a caveat, which a carried cell cannot: re-run make demo")
-        mean, std, n = float(m.group(1)), float(m.group(2) or 0), int(m.group(3) or 3)
-        z = np.arange(n) - (n - 1) / 2
-        z = z / z.std(ddof=1) if n > 1 else z  # n values of mean 0 and sample std 1
         rdp, prv = (_number(x) for x in cells["ε spent"].split(" / "))
         private = math.isfinite(rdp)
         cfg = build_config(method, DATASET, epsilon=EPS if private else None, preset="quick")
-        for seed, value in enumerate(mean + std * z):
+        for seed, value in enumerate(values):
             run_id = f"carried-{method}-s{seed}"
             rec = {"config": {**cfg.to_json(), "seed": seed, "run_id": run_id},
                    "privacy": {"private": private, "noise_off": False,

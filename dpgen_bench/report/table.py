@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +260,22 @@ class Cell:
         if self.source == "ours" and self.n < 3:
             s += f" (n={self.n})"
         return f"{s} {self.mark}" if self.mark else s
+
+
+CELL_NUMBER = re.compile(r"([0-9.]+)(?: ± ([0-9.]+))?(?: \(n=(\d+)\))?")  # what Cell.text prints, unmarked
+
+
+def cell_values(text: str, n: int) -> list[float] | None:
+    """A rendered cell read back as runs: values whose mean and sample std are the ones
+    ``Cell.text`` printed (as many as its ``(n=k)`` says, else ``n``), to the cell's rounding;
+    None for a cell that is not a number ("—", a caveat mark)."""
+    m = CELL_NUMBER.fullmatch(text)
+    if m is None:
+        return None
+    n = int(m.group(3) or n)
+    z = np.arange(n) - (n - 1) / 2
+    z = z / z.std(ddof=1) if n > 1 else z  # n values of mean 0 and sample std 1
+    return [float(v) for v in float(m.group(1)) + float(m.group(2) or 0) * z]
 
 
 @dataclass
