@@ -103,6 +103,7 @@ def render(results: Path | None, previous: str = "", committed: Path = COMMITTED
     runs = pd.concat([found.assign(method=found["base_method"]).drop(columns="base_method"), carried],
                      ignore_index=True)
     full = pd.concat([label_variants(runs), load_references()], ignore_index=True)
+    full["eps_target"] = full["eps_target"].astype(float)  # an empty frame's column is object: no runs here
     tab = layout_tiers(full, DATASET, EPS, METRIC)
     if not tab.rows:
         raise UserError(f"no runs on {DATASET} to render under {', '.join(map(str, roots)) or 'no directory'}")

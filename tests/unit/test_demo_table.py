@@ -62,3 +62,11 @@ def test_a_quick_run_under_the_results_replaces_the_carried_cell(tmp_path):
     out = demo_table.render(tmp_path / "runs", previous, ROOT / demo_table.COMMITTED)
     assert "| dpkernel | 9.5 / 8.25 | 0.500 (n=1) | — | — | — |" in out
     assert "| dpmean | 10 / 9.32 | 0.790 (n=1) | — | — | — |" in out
+
+
+def test_a_block_renders_from_its_carried_cells_alone(tmp_path):
+    """No demo runs and no committed records (a README copied elsewhere): the carried quick
+    cells still render, with the papers' numbers beside them (it was a TypeError)."""
+    shown = demo_table.block((ROOT / "README.md").read_text())
+    out = demo_table.render(tmp_path / "no-runs", shown, tmp_path / "no-records")
+    assert "| dpkernel |" in out and "0.748 ‡" in out
