@@ -85,10 +85,11 @@ def _capture_last_iterate(run_dir: Path, decays: list[float]) -> None:
     dpgan_module.DPGAN.fit = fit
 
 
-def _evaluate(cfg, run_dir: Path, g_state: dict) -> float:
-    """gen2real of the generator with ``g_state``, sampled and evaluated as the runner does."""
-    p = runner.prepare(cfg)
-    p.method.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True))
+def _evaluate(p, checkpoint: dict, g_state: dict) -> float:
+    """gen2real of the run's method (``p``: the run prepared, ``checkpoint`` its state) with G's
+    weights ``g_state``, sampled and evaluated as the runner does."""
+    cfg = p.config
+    p.method.load_state_dict(checkpoint)
     p.method.G.load_state_dict(g_state)
     p.method.G.eval()
     labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
@@ -131,7 +132,8 @@ def main() -> None:
     p = runner.prepare(cfg)
     theta0 = runner.build_method(cfg, cls, DataInfo(p.data.name, p.data.image_shape, p.data.num_classes,
                                                     p.method.info.n_train)).G.state_dict()
-    average = torch.load(run_dir / "checkpoint.pt", weights_only=True)["G"]
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    average = checkpoint["G"]
     beta, T = cfg.hparams["ema_decay"], int(last["updates"])
     keep = beta ** T
     plain = {k: (keep * theta0[k] + (1 - keep) * v) if v.is_floating_point() and "running" not in k else v
@@ -139,9 +141,9 @@ def main() -> None:
     row = {"method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
            "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
            "initial_share_plain": initial_share(beta, T, "none"),
-           "gen2real_cnn": {"bias-corrected": ours, "plain": _evaluate(cfg, run_dir, plain),
-                            "last_iterate": _evaluate(cfg, run_dir, last["G"]),
-                            **{f"bias-corrected {d}": _evaluate(cfg, run_dir, g)
+           "gen2real_cnn": {"bias-corrected": ours, "plain": _evaluate(p, checkpoint, plain),
+                            "last_iterate": _evaluate(p, checkpoint, last["G"]),
+                            **{f"bias-corrected {d}": _evaluate(p, checkpoint, g)
                                for d, g in last.get("extra", {}).items()}},
            "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
     out = Path(a.out)
