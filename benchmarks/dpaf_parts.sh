@@ -35,7 +35,6 @@ one() {
             --eval gen2real_cnn ${ARGS[$arm]} --out "$dir" > /dev/null 2> "$dir.log"
     fi
 }
-export -f one 2>/dev/null
 running=0
 for arm in $ARMS; do
     one "$arm" &

@@ -35,7 +35,8 @@ RUN_SETTINGS: dict[str, frozenset[str]] = {
     "epsilon": frozenset({STREAMS, CELL}), "members": frozenset({STREAMS, CELL}),  # the report's own columns
     "seed": frozenset({CELL}),  # the streams are seeded by it beside their key; the report pools seeds
     "preset": ALL, "delta": ALL, "samples_per_class": frozenset({CELL, REPORT}), "eval_split": ALL,
-    "noise_off": frozenset({CELL, REPORT}), "noise_off_parts": frozenset({CELL, REPORT}), "canaries": ALL, "gradient_canaries": frozenset({STREAMS, CELL}),
+    "noise_off": frozenset({CELL, REPORT}), "noise_off_parts": frozenset({CELL, REPORT}), "canaries": ALL,
+    "gradient_canaries": frozenset({STREAMS, CELL}),
     "device": frozenset({CELL}), "evaluators": frozenset({CELL}),
 }
 # hparams that only post-process the trained iterates: runs that differ in them train the same
