@@ -10,6 +10,10 @@ the runner builds it, and the last iterate is saved when the fit ends.
 
     python benchmarks/ema_ab.py --seed 0                      # dpgan long, mnist, ε = 10, val
     python benchmarks/ema_ab.py --method gan --set steps=200  # any method whose G is averaged
+    python benchmarks/ema_ab.py --method dpaf --set ema_decay=0.999 --decays 0.99,0.995
+
+The plain average is evaluated only for the methods whose records before the warm-up kept one
+(dpgan, gan); dpaf had no average before, so its rows compare the averages with the last iterate.
 
 It resumes an interrupted run (its directory under --results) and appends its row to --out.
 """
@@ -20,6 +24,7 @@ import argparse
 import copy
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -31,19 +36,19 @@ from dpgen_bench.config import build_config
 from dpgen_bench.nets.averaging import initial_share
 from dpgen_bench import registry
 
-import methods.dpgan as dpgan_module
-
 LAST = "last_iterate.pt"
 
 
 EXTRA = "extra_averages.pt"
+PLAIN_BEFORE = {"dpgan", "gan"}  # methods whose records before the bias correction kept a plain average
 
 
-def _capture_last_iterate(run_dir: Path, decays: list[float]) -> None:
-    """Wrap DPGAN.fit (gan inherits it): the last G iterate, before the average replaces it, and
-    bias-corrected averages at further ``decays`` kept beside the run's own (saved with each
-    checkpoint, so a resumed run continues them)."""
-    real_fit, real_update = dpgan_module.DPGAN.fit, dpgan_module.update_average
+def _capture_last_iterate(cls, run_dir: Path, decays: list[float]) -> None:
+    """Wrap ``cls.fit`` (and the ``update_average`` its module calls): the last G iterate, before
+    the average replaces it, and bias-corrected averages at further ``decays`` kept beside the
+    run's own (saved with each checkpoint, so a resumed run continues them)."""
+    module = sys.modules[cls.fit.__module__]  # gan inherits DPGAN.fit: methods.dpgan
+    real_fit, real_update = cls.fit, module.update_average
     seen: dict = {}
     extra_path = run_dir / EXTRA
     saved = torch.load(extra_path, weights_only=False) if extra_path.is_file() else None
@@ -63,7 +68,7 @@ def _capture_last_iterate(run_dir: Path, decays: list[float]) -> None:
         return real_update(average, model, decay, step, warmup)
 
     def fit(self, train, budget, ctx):
-        dpgan_module.update_average = update
+        module.update_average = update
         real_checkpoint = ctx.checkpoint
 
         def checkpoint(state):
@@ -77,12 +82,12 @@ def _capture_last_iterate(run_dir: Path, decays: list[float]) -> None:
         try:
             real_fit(self, train, budget, ctx)
         finally:
-            dpgan_module.update_average = real_update
+            module.update_average = real_update
             ctx.checkpoint = real_checkpoint
         torch.save({"G": seen["state"], "updates": seen["step"],
                     "extra": {d: m.state_dict() for d, m in seen.get("extra", {}).items()}}, run_dir / LAST)
 
-    dpgan_module.DPGAN.fit = fit
+    cls.fit = fit
 
 
 def _evaluate(p, checkpoint: dict, g_state: dict) -> float:
@@ -119,7 +124,8 @@ def main() -> None:
         raise SystemExit("the run must keep a bias-corrected average (ema_decay > 0, ema_warmup=bias-corrected)")
     run_dir = Path(a.results) / (a.name or f"{a.method}-{a.dataset}-{a.preset}-s{a.seed}")
     decays = [float(d) for d in a.decays.split(",") if d]
-    _capture_last_iterate(run_dir, decays)
+    cls = registry.methods.get(a.method)
+    _capture_last_iterate(cls, run_dir, decays)
     t0 = time.time()
     if not (run_dir / store.COMPLETE_MARKER).is_file():
         if (run_dir / "resume.pt").is_file():
@@ -128,20 +134,21 @@ def main() -> None:
             runner.run(cfg, out=str(run_dir))
     ours = store.read_json(run_dir / store.COMPLETE_MARKER)["metrics"]["gen2real_cnn"]
     last = torch.load(run_dir / LAST, weights_only=True)
-    cls = registry.methods.get(a.method)
     p = runner.prepare(cfg)
-    theta0 = runner.build_method(cfg, cls, DataInfo(p.data.name, p.data.image_shape, p.data.num_classes,
-                                                    p.method.info.n_train)).G.state_dict()
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    average = checkpoint["G"]
     beta, T = cfg.hparams["ema_decay"], int(last["updates"])
-    keep = beta ** T
-    plain = {k: (keep * theta0[k] + (1 - keep) * v) if v.is_floating_point() and "running" not in k else v
-             for k, v in average.items()}
+    plain = {}
+    if a.method in PLAIN_BEFORE:
+        theta0 = runner.build_method(cfg, cls, DataInfo(p.data.name, p.data.image_shape, p.data.num_classes,
+                                                        p.method.info.n_train)).G.state_dict()
+        keep = beta ** T
+        plain = {"plain": _evaluate(p, checkpoint, {
+            k: (keep * theta0[k] + (1 - keep) * v) if v.is_floating_point() and "running" not in k else v
+            for k, v in checkpoint["G"].items()})}
     row = {"method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
            "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
-           "initial_share_plain": initial_share(beta, T, "none"),
-           "gen2real_cnn": {"bias-corrected": ours, "plain": _evaluate(p, checkpoint, plain),
+           **({"initial_share_plain": initial_share(beta, T, "none")} if plain else {}),
+           "gen2real_cnn": {"bias-corrected": ours, **plain,
                             "last_iterate": _evaluate(p, checkpoint, last["G"]),
                             **{f"bias-corrected {d}": _evaluate(p, checkpoint, g)
                                for d, g in last.get("extra", {}).items()}},

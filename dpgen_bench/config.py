@@ -59,6 +59,11 @@ class RunConfig:
     canaries: int | None = None  # bench audit: m canaries, each in the training split with probability 1/2
     gradient_canaries: int | None = None  # bench audit --white-box: m gradient canaries in each private part
 
+    @property
+    def any_noise_off(self) -> bool:
+        """Some or all of the noise is switched off: the run is a diagnostic, not private."""
+        return self.noise_off or bool(self.noise_off_parts)
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["evaluators"] = list(self.evaluators)

@@ -98,7 +98,7 @@ def budget_of(config: RunConfig, method_cls: type) -> Budget:
         raise UserError(f"method '{method_cls.name}' is private: --eps must be finite")
     if not method_cls.private and math.isfinite(epsilon):
         raise UserError(f"method '{method_cls.name}' is not private (ε = ∞): drop --eps")
-    if (config.noise_off or config.noise_off_parts) and not method_cls.private:
+    if config.any_noise_off and not method_cls.private:
         raise UserError(f"--noise-off: method '{method_cls.name}' is not private, it has no noise to switch off")
     return Budget(epsilon=epsilon, delta=delta)
 
@@ -144,7 +144,7 @@ def prepare(config: RunConfig, data_root: str | None = None) -> Prepared:
     data, n_plan = cell_data(config, data_root)
     info = DataInfo(data.name, data.image_shape, data.num_classes, n_plan)
     method, ledger = _calibrate(config, method_cls, budget, info)
-    if config.noise_off or config.noise_off_parts:
+    if config.any_noise_off:
         ledger.switch_noise_off(config.noise_off_parts or None)
     return Prepared(config, method, data, ledger, device, data_root)
 

@@ -127,6 +127,9 @@ Departures from the paper, and ambiguities resolved (ours unless stated):
   large n·d the per-example threshold is estimated from 4,096 sampled positions, as Deep
   Gradient Compression does (kept fraction 90% ± ~0.5%).
 - Empty Poisson batches still take their (pure-noise) step.
+- ``ema_decay`` (off unless set): the samples come from a bias-corrected exponential average
+  of G's weights (``dpgen_bench/nets/averaging.py``), as dpgan's, gswgan's and dpdm's presets
+  do; not in the paper. A function of G's iterates, so no privacy cost; D̂ stays the last iterate.
 - ``quick`` preset (digits, CPU, not in the paper) and ``tiny`` preset (tests) shrink
   widths and steps and run fit with one intra-op thread (``torch_threads``); see
   ``core.py``.

@@ -4,6 +4,7 @@ the paper sections implemented and every departure from the paper."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from dpgen_bench.api import Budget, DataInfo, Method, PrivacyPart, RunContext, Split
 from dpgen_bench.errors import UserError
+from dpgen_bench.nets.averaging import EmaWarmup, settle_warmup, update_average
 from dpgen_bench.nets.sampling import sample_conditional
 from dpgen_bench.privacy import dpsgd_noise_to_signal, parameter_count, release_noise_to_signal
 from dpgen_bench.privacy.dpsgd import empty_batch, make_private, poisson_batch, private_backward
@@ -88,6 +90,10 @@ class DPAFHparams:
     beta1: Decay = 0.5
     beta2: Decay = 0.999
     log_every: PositiveInt = 50
+    # exponential moving average of G's weights (β per G step; 0: off, the paper's G): the samples
+    # come from the average, a function of G's iterates, so of no privacy cost (not in the paper)
+    ema_decay: Decay = 0.0
+    ema_warmup: EmaWarmup = "bias-corrected"  # dpgen_bench/nets/averaging.py; without an average: "none"
     torch_threads: PositiveInt | None = None  # intra-op threads during fit (restored after); None: unchanged
     # how conv1's and conv2*'s per-example gradients are clipped (dpgen_bench/privacy/dpsgd.py).
     # auto: "bk" (dpgen_bench/privacy/fastclip.py), the fastest exact one: with gradient
@@ -98,6 +104,7 @@ class DPAFHparams:
 
     def __post_init__(self):
         check_declared(self)
+        settle_warmup(self, "none")
         canonical_config(self.layer_config)
         parse_split(self.budget_split)
 
@@ -129,7 +136,8 @@ class DPAF(Method):
     bookkeeping_hparams = Method.bookkeeping_hparams | {"grad_sample_mode"}
     renamed_hparams = {"width": "d_width"}  # one name per concept across methods
     # as before: max_grad_norm for both parts, D's label embedding at N(0, 1)
-    late_hparams = {"max_grad_norm_conv1": None, "max_grad_norm_conv2": None, "d_label_std": 1.0}
+    late_hparams = {"max_grad_norm_conv1": None, "max_grad_norm_conv2": None, "d_label_std": 1.0,
+                    "ema_decay": 0.0, "ema_warmup": "none"}
     presets = {
         "quick": {
             # MNIST's canonical choices, narrow nets, split 10/40/50 % (canonical: chance on val; benchmarks/presets.md)
@@ -195,6 +203,7 @@ class DPAF(Method):
         if h.d_label_std != 1.0:  # the same draw, scaled: the streams of other settings stay as they were
             with torch.no_grad():
                 self.conv2.embed.weight.mul_(h.d_label_std)
+        self.G_ema = copy.deepcopy(self.G).requires_grad_(False) if h.ema_decay > 0 else None  # draws nothing
 
     def _features(self, x, y, conv2=None):
         """SIN(conv2*(conv1(x), y)): the per-example maps that (DP)AGG aggregates."""
@@ -260,6 +269,8 @@ class DPAF(Method):
         self._build()  # seeded initialisation
         for m in (self.conv1, self.conv2, self.head, self.G):
             m.to(dev).train()
+        if self.G_ema is not None:
+            self.G_ema.to(dev)
         images = self._resize(train.images.to(dev), self.train_shape[1])
         labels = train.labels.to(dev)
         parts = {name: ctx.part(name) for name in ("conv1", "conv2", "dpagg")}
@@ -281,6 +292,9 @@ class DPAF(Method):
         finally:
             bar.close()
             torch.set_num_threads(threads)
+        if self.G_ema is not None:  # the released generator is the average
+            self.G.load_state_dict(self.G_ema.state_dict())
+            self.G_ema.cpu()
         for m in (self.conv1, self.conv2, self.head, self.G):
             m.cpu().eval()
 
@@ -384,6 +398,8 @@ class DPAF(Method):
         targets = torch.tensor([1.0, 0.0], device=dev)
         start = 1
         nets = {"conv1": self.conv1, "conv2": self.conv2, "head": self.head, "G": self.G}
+        if self.G_ema is not None:
+            nets["G_ema"] = self.G_ema
         opts = {"opt_head": opt_head, "opt_g": opt_g, "opt_c2": opt_c2}
         if resume is not None:  # checkpoints fall on window boundaries (i ≡ 0 mod μ): no window to restore
             for k, m in {**nets, **opts}.items():
@@ -427,6 +443,8 @@ class DPAF(Method):
             if g_due:
                 stats["g_loss"] += self._g_step(gsm2, opt_g, xf_g, yf)
                 stats["n_g"] += 1
+                if self.G_ema is not None:
+                    update_average(self.G_ema, self.G, h.ema_decay, g_steps + 1, h.ema_warmup)
                 g_steps += 1
             bar.update(1)
             if i % h.log_every == 0 or i == part3.steps:

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # (method, --set overrides, ledger part and the steps it must have reached at the kill)
 CASES = {
     "dpaf-phase1": ("dpaf", ["batches=80", "classifier_batches=60"], "conv1", 10),
-    "dpaf-phase2": ("dpaf", ["batches=160", "classifier_batches=10"], "dpagg", 24),
+    # with G's average (β = 0.99: ~28 G steps follow the kill, 0.99^28 = 0.75 of it remembered)
+    "dpaf-phase2": ("dpaf", ["batches=160", "classifier_batches=10", "ema_decay=0.99"], "dpagg", 24),
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
     "dpac": ("dpac", ["steps=50", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
     "dpdm": ("dpdm", ["steps=30"], "denoiser", 10),

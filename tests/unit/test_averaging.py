@@ -74,6 +74,7 @@ AVERAGED = {
     "gswgan": ("methods.gswgan", lambda m: m.G_ema, lambda m: m.sampling_generator(), dict(steps=6)),
     "dpac": ("methods.gswgan", lambda m: m.G_ema, lambda m: m.sampling_generator(), dict(steps=6)),
     "dpdm": ("methods.dpdm", lambda m: m.ema, lambda m: m.ema, dict(steps=4)),
+    "dpaf": ("methods.dpaf.core", lambda m: m.G_ema, lambda m: m.G, dict(batches=12)),
 }
 
 
