@@ -36,6 +36,8 @@ from dpgen_bench.config import build_config
 from dpgen_bench.nets.averaging import initial_share
 from dpgen_bench import registry
 
+from dpaf_gap import within_class_std  # benchmarks/ is on sys.path when this script runs
+
 LAST = "last_iterate.pt"
 
 
@@ -90,15 +92,29 @@ def _capture_last_iterate(cls, run_dir: Path, decays: list[float]) -> None:
     cls.fit = fit
 
 
-def _evaluate(p, checkpoint: dict, g_state: dict) -> float:
-    """gen2real of the run's method (``p``: the run prepared, ``checkpoint`` its state) with G's
-    weights ``g_state``, sampled and evaluated as the runner does."""
+def _samples(p, checkpoint: dict, g_state: dict):
+    """The run's samples (``p``: the run prepared, ``checkpoint`` its state) with G's weights
+    ``g_state``, drawn as the runner draws them."""
     cfg = p.config
     p.method.load_state_dict(checkpoint)
     p.method.G.load_state_dict(g_state)
     p.method.G.eval()
     labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
-    images, labels = p.method.sample(len(labels), labels, runner.sample_generator(cfg.seed))
+    with torch.no_grad():
+        return p.method.sample(len(labels), labels, runner.sample_generator(cfg.seed))
+
+
+def _spread(p, checkpoint: dict, g_state: dict) -> float:
+    """The samples' within-class spread (benchmarks/dpaf_gap.py): an average of G's weights can
+    raise accuracy and narrow the samples at once."""
+    images, labels = _samples(p, checkpoint, g_state)
+    return round(within_class_std(images.float().numpy(), labels.numpy()), 3)
+
+
+def _evaluate(p, checkpoint: dict, g_state: dict) -> float:
+    """gen2real of G's weights ``g_state``, sampled and evaluated as the runner does."""
+    cfg = p.config
+    images, labels = _samples(p, checkpoint, g_state)
     runner.seed_everything(cfg.seed)
     out = runner.run_evaluators(cfg, p.data, p.method, p.device, images.detach().cpu().float(), labels)
     return out["metrics"]["gen2real_cnn"]
@@ -115,6 +131,8 @@ def main() -> None:
     ap.add_argument("--results", default="results/ema_ab")
     ap.add_argument("--out", default="benchmarks/ema_ab.json")
     ap.add_argument("--decays", default="", help="further bias-corrected averages to evaluate, e.g. 0.998,0.9995")
+    ap.add_argument("--spread-only", action="store_true",
+                    help="add the within-class spreads to an existing row (its gen2real kept, nothing retrained)")
     ap.add_argument("--name", default=None, help="run directory name under --results (default: method-dataset-preset-seed)")
     a = ap.parse_args()
     eps = a.eps if a.method != "gan" and math.isfinite(a.eps) else None
@@ -137,26 +155,30 @@ def main() -> None:
     p = runner.prepare(cfg)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     beta, T = cfg.hparams["ema_decay"], int(last["updates"])
-    plain = {}
+    variants = {"bias-corrected": checkpoint["G"]}  # the run's released generator
     if a.method in PLAIN_BEFORE:
         theta0 = runner.build_method(cfg, cls, DataInfo(p.data.name, p.data.image_shape, p.data.num_classes,
                                                         p.method.info.n_train)).G.state_dict()
         keep = beta ** T
-        plain = {"plain": _evaluate(p, checkpoint, {
-            k: (keep * theta0[k] + (1 - keep) * v) if v.is_floating_point() and "running" not in k else v
-            for k, v in checkpoint["G"].items()})}
-    row = {"method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
-           "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
-           **({"initial_share_plain": initial_share(beta, T, "none")} if plain else {}),
-           "gen2real_cnn": {"bias-corrected": ours, **plain,
-                            "last_iterate": _evaluate(p, checkpoint, last["G"]),
-                            **{f"bias-corrected {d}": _evaluate(p, checkpoint, g)
-                               for d, g in last.get("extra", {}).items()}},
-           "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
+        variants["plain"] = {k: (keep * theta0[k] + (1 - keep) * v)
+                             if v.is_floating_point() and "running" not in k else v
+                             for k, v in checkpoint["G"].items()}
+    variants["last_iterate"] = last["G"]
+    variants |= {f"bias-corrected {d}": g for d, g in last.get("extra", {}).items()}
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
-    rows = [r for r in rows if (r["method"], r["preset"], r["seed"], r["sets"]) !=
-            (a.method, a.preset, a.seed, a.sets)] + [row]
+    same = [r for r in rows if (r["method"], r["preset"], r["seed"], r["sets"]) == (a.method, a.preset, a.seed, a.sets)]
+    if a.spread_only and not same:
+        raise SystemExit(f"--spread-only: no row of this run in {out}")
+    row = same[0] if a.spread_only else {
+        "method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
+        "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
+        **({"initial_share_plain": initial_share(beta, T, "none")} if "plain" in variants else {}),
+        "gen2real_cnn": {k: ours if k == "bias-corrected" else _evaluate(p, checkpoint, g) for k, g in variants.items()},
+        "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
+    row["within_class_std"] = {k: _spread(p, checkpoint, g) for k, g in variants.items()}
+    row["within_class_std_real"] = round(within_class_std(p.data.train.images.numpy(), p.data.train.labels.numpy()), 3)
+    rows = [r for r in rows if r not in same] + [row]
     store.write_json(out, rows)
     print(json.dumps(row, indent=1))
 
