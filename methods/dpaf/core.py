@@ -146,8 +146,7 @@ class DPAF(Method):
             "mnist-5k": _QUICK_MNIST,
             "mnist": dict(_QUICK_MNIST, max_grad_norm_conv2=0.1),
         },
-        # B = 500; conv2*'s clip (and quick's) at its measured gradient scale, G's weight average
-        # (0.99: +0.07 over the last iterate on two val seeds, z kept): benchmarks/presets.md, "dpaf"
+        # B = 500; conv2*'s clip (and quick's) at its measured scale; G's average: benchmarks/presets.md, "dpaf"
         "long": {"mnist": dict(_QUICK_MNIST, batch_size=500, batches=3000, classifier_batches=300,
                                max_grad_norm_conv2=0.02, ema_decay=0.99)},
         "tiny": {  # tests only: seconds
