@@ -24,7 +24,9 @@ RECORDED_STREAM_KEYS = {"dpac": "fcc656ac82a1d052", "dpaf": "1a0c1093c3abbc44", 
                         "gswgan": "020b96fc3bc0c8fc"}
 # records committed since the rule, each configuration's own key (dpaf long with conv2*'s own clip)
 LATER_STREAM_KEYS = dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-c742aa93e7", "sweep-dpaf-mnist-eps10-s1-deba0709f7",
-                                   "sweep-dpaf-mnist-eps10-s2-11508ea83c"], "333798306da3a18f")
+                                   "sweep-dpaf-mnist-eps10-s2-11508ea83c"], "333798306da3a18f") | dict.fromkeys(
+    ["sweep-dpaf-mnist-eps10-s0-403ef4dbc7", "sweep-dpaf-mnist-eps10-s1-98c77850ae",
+     "sweep-dpaf-mnist-eps10-s2-9a530a7601"], "962516b601b7412c")  # the conv2* clip, then G's weight average
 
 
 def _three(cfg: RunConfig) -> tuple[str, str, str]:
