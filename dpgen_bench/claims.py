@@ -355,11 +355,35 @@ def _fewer_here(section: str, arms: dict[str, Arm]) -> bool:
     return any(len(a.eps) < before.get(name, 0) for name, a in arms.items())
 
 
+CARRIED = "_Carried from the previous render: "  # the rows of a section this machine holds only some runs of
+
+
+def _merge_kept(section: str, arms: dict[str, Arm]) -> tuple[dict[str, Arm], dict[str, str]]:
+    """A section this machine holds fewer runs of than it shows, against the arms read here:
+    where every arm here has at most the seeds its row shows, or its row is already what the
+    records here give, nothing is newer (returns no carried rows: keep the section). Otherwise
+    the arms with at least their row's complete seeds here come from the records, the others
+    from their rows as shown (``_arm_from_row``: the statistics the checks read), with those
+    rows' lines to print verbatim."""
+    _, rows = _table(section)
+    lines = {m.group(1): m.group(0) for m in _ROW.finditer(section)}
+    fresh = {n for n, a in arms.items() if a.eps and len(a.eps) >= rows.get(n, (0,))[0]}
+    newer = {n for n in fresh if n not in rows or any(
+        rows[n][2].get(m) != a.cell_text(m) for a in [arms[n]] for m in a.values)}
+    if not newer:
+        return arms, {}
+    carried = {n: lines[n] for n in arms if n not in fresh and n in rows}
+    merged = {n: arms[n] if n not in carried else _arm_from_row(n, a.ref, *rows[n]) for n, a in arms.items()}
+    return merged, carried
+
+
 def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],
                  seconds: float | None, previous: str = "", require_commit: str | None = None) -> str:
     """One dataset's block (without its markers): where its runs ran, a section per claim, the
     date. A claim for which this machine holds fewer runs than ``previous`` (the block as it
-    stood) showed keeps that section, marked as kept, instead of losing results."""
+    stood) showed keeps that section, marked as kept, instead of losing results; where some of
+    its arms have newer complete records here, those rows are rendered and the others carried
+    (``_merge_kept``)."""
     lines = []
     machines: dict[str, int] = {}
     for arms in arms_by_claim.values():
@@ -376,11 +400,14 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
         # this machine holds but --require-commit left out (their numbers are what must go)
         if kept is not None and (not _fewer_here(kept, arms) or any(a.stale for a in arms.values())):
             kept = None
+        carried: dict[str, str] = {}
         if kept is not None:
-            if KEPT_NOTE not in kept:
-                kept += "\n\n" + KEPT_NOTE
-            lines += [kept, ""]
-            continue
+            arms, carried = _merge_kept(kept, arms)
+            if not carried:  # nothing here is newer than the section: keep it whole
+                if KEPT_NOTE not in kept and CARRIED not in kept:  # (a merged one's own rows are current)
+                    kept += "\n\n" + KEPT_NOTE
+                lines += [kept, ""]
+                continue
         results = [r for exp in claim["expect"] for r in check(spec, exp, arms)]
         verdict = claim_verdict(results)
         metrics = list(dict.fromkeys([e["metric"] for e in claim["expect"]] +
@@ -389,6 +416,9 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
                   f"- **Source:** {claim['source']}", f"- **The paper:** {claim['paper']}",
                   f"- **Checked at:** {scale_text(claim, dataset)}"]
         code = code_text(arms)
+        before = re.search(r"^- \*\*Code:\*\* (.*)$", kept or "", re.M) if carried else None
+        if before:  # the carried rows' runs are among those the previous render named
+            code = f"{code}; the carried rows' runs among the previous render's: {before.group(1)}"
         stale = sum(a.stale for a in arms.values())
         if code or stale:
             lines.append(f"- **Code:** {code or 'no record'}" +
@@ -398,6 +428,9 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
                   "| arm | seeds | ε spent (RDP / PRV) | " + " | ".join(metrics) + " |",
                   "|---|---|---|" + "---|" * len(metrics)]
         for a in arms.values():
+            if a.name in carried:
+                lines.append(carried[a.name])
+                continue
             eps = "—"
             if a.eps:
                 rdp, prv = max(e[0] for e in a.eps), max(e[1] for e in a.eps)
@@ -408,6 +441,9 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
         caveats = sorted({a.caveat for a in arms.values() if a.caveat})
         lines += [""] + [f"‡ {c}" for c in caveats] + ([""] if caveats else [])
         lines += [f"- {v + ': ' if v else ''}{t}" for v, t in results] + [""]
+        if carried:
+            lines += [CARRIED + ", ".join(f"`{n}`" for n in carried) + " (this machine lacks their runs; "
+                      "the other rows are its records); the checks above are recomputed from the rows as shown._", ""]
     lines.append(f"_Last regenerated {time.strftime('%Y-%m-%d')}" +
                  (f"; the runs it started took {seconds / 60:.0f} min of wall time" if seconds else "") + "._")
     return "\n".join(lines)

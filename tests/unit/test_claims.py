@@ -367,6 +367,46 @@ def test_a_section_rendered_from_more_runs_than_this_machine_holds_is_kept(tmp_p
     assert claims.KEPT_NOTE not in fresh and "| n_D = 5 | 3/3 |" in fresh
 
 
+def test_a_kept_section_takes_the_newer_rows_this_machine_holds_and_carries_the_others(tmp_path):
+    """A machine holding every seed of one arm, with other numbers than the section shows,
+    and none of the others: that row comes from its records, the others are carried as shown
+    (named in a note), and the checks are recomputed from the rows as shown. Rendered again
+    from the same records the section stays as it is."""
+    spec = claims.load_claims(CLAIMS_YAML)
+    claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
+    full = claims.build_arms(spec, claim, "digits")
+    for name, a in full.items():
+        _records(tmp_path / "there", a, [0.5, 0.6, 0.7] if name == "n_D = 5" else [0.2, 0.3, 0.25])
+        claims.read_arm(a, tmp_path / "there")
+    previous = claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None)
+    old_rows = {m.group(1): m.group(0) for m in claims._ROW.finditer(previous)}
+    here = claims.build_arms(spec, claim, "digits")
+    _records(tmp_path / "here", here["n_D = 5"], [0.1, 0.12, 0.11])  # every seed, now worse
+    for a in here.values():
+        claims.read_arm(a, tmp_path / "here")
+    block = claims.render_block(spec, "digits", [claim], {claim["id"]: here}, None, previous=previous)
+    assert claims.KEPT_NOTE not in block and claims.CARRIED in block
+    assert "| n_D = 5 | 3/3 |" in block and "0.110 ± 0.010" in block
+    for name, line in old_rows.items():
+        if name != "n_D = 5":
+            assert line in block and f"`{name}`" in block.split(claims.CARRIED)[1]
+    # the checks follow the rows as shown: with n_D = 5 at 0.11 "more D steps help" no longer holds
+    merged = {n: (here[n] if n == "n_D = 5" else claims._arm_from_row(n, a.ref, *claims._table(previous)[1][n]))
+              for n, a in here.items()}
+    results = [r for exp in claim["expect"] for r in claims.check(spec, exp, merged)]
+    assert f"**Verdict: {claims.claim_verdict(results)}**" in block
+    assert claims.claim_verdict(results) != claims.block_verdicts(previous, "digits", [claim])[claim["id"]][0]
+    again = claims.render_block(spec, "digits", [claim], {claim["id"]: here}, None, previous=block)
+    assert claims.old_section(again, claim["id"], "digits") == claims.old_section(block, claim["id"], "digits")
+    # nothing newer here (fewer seeds of the arm than shown): the section is kept whole, as before
+    one = claims.build_arms(spec, claim, "digits")
+    _records(tmp_path / "one", one["n_D = 5"], [0.1])
+    for a in one.values():
+        claims.read_arm(a, tmp_path / "one")
+    kept = claims.render_block(spec, "digits", [claim], {claim["id"]: one}, None, previous=previous)
+    assert claims.KEPT_NOTE in kept and claims.CARRIED not in kept
+
+
 def test_a_committed_record_counts_for_its_cell(tmp_path, monkeypatch):
     """``also_results``: a cell whose record sits complete in a committed directory is read
     from there (and not run again); one found nowhere is run under ``results``. The file's
