@@ -33,6 +33,7 @@ import torch
 from dpgen_bench import runner, store
 from dpgen_bench.api import DataInfo
 from dpgen_bench.config import build_config
+from dpgen_bench.errors import Interrupted
 from dpgen_bench.nets.averaging import initial_share
 from dpgen_bench import registry
 
@@ -146,10 +147,13 @@ def main() -> None:
     _capture_last_iterate(cls, run_dir, decays)
     t0 = time.time()
     if not (run_dir / store.COMPLETE_MARKER).is_file():
-        if (run_dir / "resume.pt").is_file():
-            runner.resume(run_dir)
-        else:
-            runner.run(cfg, out=str(run_dir))
+        try:
+            if (run_dir / "resume.pt").is_file():
+                runner.resume(run_dir)
+            else:
+                runner.run(cfg, out=str(run_dir))
+        except Interrupted as e:  # SIGTERM/SIGINT: checkpointed; the same command resumes
+            raise SystemExit(f"{e}; run the same command again to resume") from None
     ours = store.read_json(run_dir / store.COMPLETE_MARKER)["metrics"]["gen2real_cnn"]
     last = torch.load(run_dir / LAST, weights_only=True)
     p = runner.prepare(cfg)
