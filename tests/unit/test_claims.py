@@ -342,17 +342,23 @@ def test_reference_rows_use_our_method_names():
     assert {"dpmerf", "dpsinkhorn"} <= methods and not {"dp-merf", "dp-sinkhorn"} & methods
 
 
-def test_a_section_rendered_from_more_runs_than_this_machine_holds_is_kept(tmp_path):
-    """results/ is not in git: re-rendering a block on a machine that holds fewer of a claim's
-    runs than its section shows keeps that section (marked), instead of turning a verdict into
-    "not run yet"; with as many runs here as there, it is rendered anew."""
+def _n_d_rendered_there(tmp_path):
+    """The n-d-steps claim on digits rendered on another machine from every seed of every arm
+    (n_D = 5 ahead): (spec, claim, its arms there, the block rendered)."""
     spec = claims.load_claims(CLAIMS_YAML)
     claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
     full = claims.build_arms(spec, claim, "digits")
     for name, a in full.items():
         _records(tmp_path / "there", a, [0.5, 0.6, 0.7] if name == "n_D = 5" else [0.2, 0.3, 0.25])
         claims.read_arm(a, tmp_path / "there")
-    previous = claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None)
+    return spec, claim, full, claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None)
+
+
+def test_a_section_rendered_from_more_runs_than_this_machine_holds_is_kept(tmp_path):
+    """results/ is not in git: re-rendering a block on a machine that holds fewer of a claim's
+    runs than its section shows keeps that section (marked), instead of turning a verdict into
+    "not run yet"; with as many runs here as there, it is rendered anew."""
+    spec, claim, full, previous = _n_d_rendered_there(tmp_path)
     assert "| n_D = 5 | 3/3 |" in previous
     here = claims.build_arms(spec, claim, "digits")
     _records(tmp_path / "here", here["n_D = 1"], [0.2])  # one seed of one arm
@@ -372,13 +378,7 @@ def test_a_kept_section_takes_the_newer_rows_this_machine_holds_and_carries_the_
     and none of the others: that row comes from its records, the others are carried as shown
     (named in a note), and the checks are recomputed from the rows as shown. Rendered again
     from the same records the section stays as it is."""
-    spec = claims.load_claims(CLAIMS_YAML)
-    claim = next(c for c in spec["claims"] if c["id"] == "n-d-steps")
-    full = claims.build_arms(spec, claim, "digits")
-    for name, a in full.items():
-        _records(tmp_path / "there", a, [0.5, 0.6, 0.7] if name == "n_D = 5" else [0.2, 0.3, 0.25])
-        claims.read_arm(a, tmp_path / "there")
-    previous = claims.render_block(spec, "digits", [claim], {claim["id"]: full}, None)
+    spec, claim, _, previous = _n_d_rendered_there(tmp_path)
     old_rows = {m.group(1): m.group(0) for m in claims._ROW.finditer(previous)}
     here = claims.build_arms(spec, claim, "digits")
     _records(tmp_path / "here", here["n_D = 5"], [0.1, 0.12, 0.11])  # every seed, now worse
