@@ -64,7 +64,7 @@ def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     try:
         res = cli_runner.invoke(cli, ["sweep", "--method", "dpgan,gan", "--eps", "1,10", "--seeds", "0",
-                                      "--preset", "tiny", "--engine", "ray", "--address", "auto"])
+                                      "--preset", "tiny", "--eval", "gen2real_mlp", "--engine", "ray", "--address", "auto"])
     finally:
         ray.shutdown()
     assert res.exit_code == 0, (res.stderr, res.exception)
