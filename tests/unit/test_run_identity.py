@@ -26,7 +26,9 @@ RECORDED_STREAM_KEYS = {"dpac": "fcc656ac82a1d052", "dpaf": "1a0c1093c3abbc44", 
 LATER_STREAM_KEYS = dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-c742aa93e7", "sweep-dpaf-mnist-eps10-s1-deba0709f7",
                                    "sweep-dpaf-mnist-eps10-s2-11508ea83c"], "333798306da3a18f") | dict.fromkeys(
     ["sweep-dpaf-mnist-eps10-s0-403ef4dbc7", "sweep-dpaf-mnist-eps10-s1-98c77850ae",
-     "sweep-dpaf-mnist-eps10-s2-9a530a7601"], "962516b601b7412c")  # the conv2* clip, then G's weight average
+     "sweep-dpaf-mnist-eps10-s2-9a530a7601", "sweep-dpaf-mnist-eps10-noiseoff-s0-c6ffa7cdc5"],
+    "962516b601b7412c") | {  # the conv2* clip, then G's weight average (noise off: the same streams)
+    "sweep-dpaf-mnist-eps1-s0-07068fb1d8": "f0f4bc1b5166d186", "sweep-dpaf-mnist-eps100-s0-52421eb816": "34ae4df9b10e3e67"}
 
 
 def _three(cfg: RunConfig) -> tuple[str, str, str]:
