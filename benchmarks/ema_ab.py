@@ -105,17 +105,15 @@ def _samples(p, checkpoint: dict, g_state: dict):
         return p.method.sample(len(labels), labels, runner.sample_generator(cfg.seed))
 
 
-def _spread(p, checkpoint: dict, g_state: dict) -> float:
+def _spread(images: torch.Tensor, labels: torch.Tensor) -> float:
     """The samples' within-class spread (benchmarks/dpaf_gap.py): an average of G's weights can
     raise accuracy and narrow the samples at once."""
-    images, labels = _samples(p, checkpoint, g_state)
     return round(within_class_std(images.float().numpy(), labels.numpy()), 3)
 
 
-def _evaluate(p, checkpoint: dict, g_state: dict) -> float:
-    """gen2real of G's weights ``g_state``, sampled and evaluated as the runner does."""
+def _evaluate(p, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """gen2real of the samples, evaluated as the runner does."""
     cfg = p.config
-    images, labels = _samples(p, checkpoint, g_state)
     runner.seed_everything(cfg.seed)
     out = runner.run_evaluators(cfg, p.data, p.method, p.device, images.detach().cpu().float(), labels)
     return out["metrics"]["gen2real_cnn"]
@@ -174,13 +172,14 @@ def main() -> None:
     same = [r for r in rows if (r["method"], r["preset"], r["seed"], r["sets"]) == (a.method, a.preset, a.seed, a.sets)]
     if a.spread_only and not same:
         raise SystemExit(f"--spread-only: no row of this run in {out}")
+    samples = {k: _samples(p, checkpoint, g) for k, g in variants.items()}  # each variant drawn once
     row = same[0] if a.spread_only else {
         "method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
         "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
         **({"initial_share_plain": initial_share(beta, T, "none")} if "plain" in variants else {}),
-        "gen2real_cnn": {k: ours if k == "bias-corrected" else _evaluate(p, checkpoint, g) for k, g in variants.items()},
+        "gen2real_cnn": {k: ours if k == "bias-corrected" else _evaluate(p, *samples[k]) for k in variants},
         "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
-    row["within_class_std"] = {k: _spread(p, checkpoint, g) for k, g in variants.items()}
+    row["within_class_std"] = {k: _spread(*xy) for k, xy in samples.items()}
     row["within_class_std_real"] = round(within_class_std(p.data.train.images.numpy(), p.data.train.labels.numpy()), 3)
     rows = [r for r in rows if r not in same] + [row]
     store.write_json(out, rows)

@@ -369,7 +369,7 @@ def _merge_kept(section: str, arms: dict[str, Arm]) -> tuple[dict[str, Arm], dic
     lines = {m.group(1): m.group(0) for m in _ROW.finditer(section)}
     fresh = {n for n, a in arms.items() if a.eps and len(a.eps) >= rows.get(n, (0,))[0]}
     newer = {n for n in fresh if n not in rows or any(
-        rows[n][2].get(m) != a.cell_text(m) for a in [arms[n]] for m in a.values)}
+        rows[n][2].get(m) != arms[n].cell_text(m) for m in arms[n].values)}
     if not newer:
         return arms, {}
     carried = {n: lines[n] for n in arms if n not in fresh and n in rows}
