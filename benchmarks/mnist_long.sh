@@ -6,6 +6,10 @@
 #
 #     bash benchmarks/mnist_long.sh                     # every method with a long preset on mnist
 #     METHODS=dpgan,dpdm SEEDS=0 bash benchmarks/mnist_long.sh
+#     METHODS=dpaf EPS=1,100 SEEDS=0 bash benchmarks/mnist_long.sh     # other budgets
+#     METHODS=dpaf SET="gc=false" bash benchmarks/mnist_long.sh        # an ablation arm (--set, space-separated)
+#
+# The command line as run lands in each record's env.json, so a record says which of these it was.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -18,12 +22,15 @@ if [ -z "$METHODS" ]; then
     echo "no method has a long preset on mnist" >&2
     exit 2
 fi
-$PY -m dpgen_bench.cli sweep --method "$METHODS" --dataset mnist --eps 10 --preset long --seeds "${SEEDS:-0,1,2}" \
-    --jobs "${JOBS:-2}" --eval gen2real_cnn --results "$RUNS" --no-report
+SETS=()
+for kv in ${SET:-}; do SETS+=(--set "$kv"); done
+$PY -m dpgen_bench.cli sweep --method "$METHODS" --dataset mnist --eps "${EPS:-10}" --preset long \
+    --seeds "${SEEDS:-0,1,2}" --jobs "${JOBS:-2}" --eval gen2real_cnn --results "$RUNS" --no-report "${SETS[@]}"
 for d in "$RUNS"/*/; do
     [ -f "$d/eval.json" ] || continue
     dest="$OUTDIR/$(basename "$d")"
     mkdir -p "$dest"
     cp "$d"/config.json "$d"/env.json "$d"/privacy.json "$d"/eval.json "$dest"/
 done
-$PY -m dpgen_bench.cli report --layout tiers --dataset mnist --eps 10 --results "$OUTDIR" --with-references
+[ -n "${SET:-}" ] || [ "${EPS:-10}" != 10 ] || \
+    $PY -m dpgen_bench.cli report --layout tiers --dataset mnist --eps 10 --results "$OUTDIR" --with-references

@@ -57,6 +57,22 @@ def test_sweep_grid_file(cli_runner, results, tmp_path):
     assert res.exit_code == 2 and "unknown keys ['methods']" in res.stderr
 
 
+def test_a_sweep_on_two_worker_processes_writes_what_one_process_writes(cli_runner, results):
+    """``--jobs 2``: the cells run in a pool of spawned worker processes (``make demo``'s way);
+    each record is complete and its numbers are those of the same cell run in this process."""
+    args = ["sweep", "--method", "dpmean,gan", "--eps", "10", "--seeds", "0", "--preset", "tiny",
+            "--eval", "gen2real_mlp", "--no-report"]
+    res = cli_runner.invoke(cli, [*args, "--jobs", "2"])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert res.stderr.count("done ") == 2, res.stderr
+    pooled = {p.name: json.loads((p / "eval.json").read_text())["metrics"] for p in results.iterdir()}
+    assert len(pooled) == 2
+    here = results.parent / "here"
+    res = cli_runner.invoke(cli, [*args, "--results", str(here)])
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert {p.name: json.loads((p / "eval.json").read_text())["metrics"] for p in here.iterdir()} == pooled
+
+
 @pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
 def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     ray = pytest.importorskip("ray")
