@@ -53,6 +53,9 @@ class Registry(Generic[T]):
         self._plugins: dict[str, EntryPoint] = {}  # names taken by entry points, in load order
         self._hidden: set[str] = set()
         self._meta: dict[str, dict] = {}
+        # what each name was registered as, when another process can find it too: a lazy
+        # "module:attr" reference or an entry point (None: an object handed over in this process)
+        self._sources: dict[str, str | EntryPoint | None] = {}
         self._entry_points_loaded = False
 
     def register(self, name: str, obj: T | str, *, replace: bool = False, hidden: bool = False,
@@ -62,6 +65,7 @@ class Registry(Generic[T]):
         if name in self._items and not replace:
             raise ValueError(f"{self.kind} '{name}' is already registered")
         self._items[name] = obj
+        self._sources[name] = obj if isinstance(obj, (str, EntryPoint)) else None
         self._meta[name] = meta
         if hidden:
             self._hidden.add(name)
@@ -87,6 +91,7 @@ class Registry(Generic[T]):
                             self.kind, where, self.kind, ep.name, group, self.kind, ep.value)
             else:
                 self._items[ep.name] = ep
+                self._sources[ep.name] = ep
                 self._plugins[ep.name] = ep
 
     def attribute(self, name: str, attr: str):
@@ -95,6 +100,25 @@ class Registry(Generic[T]):
         if attr in self._meta.get(name, {}):
             return self._meta[name][attr]
         return getattr(self.get(name), attr)
+
+    def only_in_this_process(self, name: str) -> bool:
+        """Whether ``name`` stands for an object given to this process only (``register(name,
+        obj)`` at run time, or an entry replaced in place), not one a new process finds from a
+        ``"module:attr"`` reference or an entry point: a sweep's worker processes and Ray tasks
+        import the registry afresh and would run something else, or nothing."""
+        self._load_entry_points()
+        if name not in self._items:
+            return False
+        source, obj = self._sources.get(name), self._items[name]
+        if source is None:
+            return True
+        if obj is source:
+            return False
+        if isinstance(source, EntryPoint):
+            return obj is not source.load()
+        module, _, attr = source.partition(":")
+        loaded = importlib.import_module(module)
+        return obj is not (getattr(loaded, attr) if attr else loaded)
 
     def names(self, *, include_hidden: bool = False) -> list[str]:
         self._load_entry_points()

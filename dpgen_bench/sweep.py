@@ -259,6 +259,23 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
     return f"done {c.method} {c.dataset} ε={eps} seed={c.seed} in {out['seconds']:.1f}s{node}: {metric}"
 
 
+def _check_seen_by_workers(cells: list[Cell], how: str) -> None:
+    """One line, before anything runs, when a cell names a plugin registered in this process
+    only (``Registry.only_in_this_process``): the workers would not see it."""
+    from . import registry
+
+    for cell in cells:
+        c = cell.config
+        for kind, reg, names in (("method", registry.methods, [c.method]), ("dataset", registry.datasets, [c.dataset]),
+                                 ("evaluator", registry.evaluators, list(c.evaluators))):
+            for name in names:
+                if reg.only_in_this_process(name):
+                    raise UserError(
+                        f"{kind} '{name}' was registered in this process only; {how} runs cells in new processes, "
+                        f"which would not see it: use --jobs 1 (in this process), register it as "
+                        f"'module:attr' or make it an entry point (docs/adding-a-method.md)")
+
+
 def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,
               data_root: str | None = None, require_commit: str | None = None) -> dict[str, int]:
     """Run every cell without a complete record under ``root``; return the counts (done,
@@ -290,6 +307,7 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         todo.append(cell)
     counts["resumed"] = len(resumable)
     if engine == "ray" or jobs > 1:
+        _check_seen_by_workers(todo, "--engine ray" if engine == "ray" else f"--jobs {jobs}")
         todo = longest_first(todo)
     log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint%s)",
              len(cells), counts["done"], len(todo), counts["partial"], len(resumable),

@@ -73,6 +73,22 @@ def test_a_sweep_on_two_worker_processes_writes_what_one_process_writes(cli_runn
     assert {p.name: json.loads((p / "eval.json").read_text())["metrics"] for p in here.iterdir()} == pooled
 
 
+def test_a_parallel_sweep_of_a_plugin_given_to_this_process_only_stops_in_one_line(cli_runner, results, monkeypatch):
+    """`make demo`'s test once swapped a dataset in place and ran `--jobs 2`: the workers,
+    fresh processes, loaded the real one. Now such a sweep stops before running anything."""
+    from dpgen_bench import registry
+
+    digits = registry.datasets.get("digits")
+    monkeypatch.setitem(registry.datasets._items, "digits", lambda **kw: digits(**kw))
+    args = ["sweep", "--method", "dpmean", "--eps", "10", "--preset", "tiny", "--eval", "gen2real_mlp", "--no-report"]
+    res = cli_runner.invoke(cli, [*args, "--jobs", "2"])
+    assert res.exit_code == 2 and res.stderr.strip().startswith(
+        "error: dataset 'digits' was registered in this process only; --jobs 2 runs cells in new processes"), res.stderr
+    assert not results.exists() or not any(results.iterdir())
+    res = cli_runner.invoke(cli, [*args, "--jobs", "1"])  # in this process: it runs
+    assert res.exit_code == 0, (res.stderr, res.exception)
+
+
 @pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
 def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     ray = pytest.importorskip("ray")

@@ -108,3 +108,19 @@ def test_the_cli_module_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_only_objects_given_to_this_process_are_flagged_as_unseen_by_new_processes(fake_entry_points):
+    """A sweep's worker processes import the registry afresh: lazy references and entry
+    points reach them, objects handed over (or swapped in) in this process do not."""
+    reg = Registry("thing", GROUP)
+    fake_entry_points.append(ep("plugin", "json:loads", "somedist"))
+    reg.register("lazy", "json:dumps")
+    reg.register("given", lambda: None)
+    assert not reg.only_in_this_process("lazy") and not reg.only_in_this_process("plugin")
+    reg.get("lazy"), reg.get("plugin")  # loading keeps them findable
+    assert not reg.only_in_this_process("lazy") and not reg.only_in_this_process("plugin")
+    assert reg.only_in_this_process("given")
+    reg._items["lazy"] = lambda: None  # swapped in place (as a test's monkeypatch does)
+    assert reg.only_in_this_process("lazy")
+    assert not reg.only_in_this_process("unknown")
