@@ -122,8 +122,16 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished run directories (one JSON line each)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    for d in argv:
+    for d in args.run_dirs:
+        if not (Path(d) / "config.json").is_file():
+            parser.error(f"{d}: not a run directory (no config.json)")
         print(json.dumps(inspect(Path(d))), flush=True)
     return 0
 
