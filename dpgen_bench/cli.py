@@ -577,8 +577,13 @@ def sweep(grid_file, method, dataset, eps, seeds, preset, members, evaluators, e
     root = store.results_root(results)
     cells = expand(grid)
     required = store.resolve_commit(require_commit) if require_commit else None
-    counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root,
-                       require_commit=required)
+    try:
+        counts = run_sweep(cells, root, engine=engine, jobs=jobs, address=address, data_root=data_root,
+                           require_commit=required)
+    except Interrupted:
+        click.echo("interrupted: checkpoint written; the same bench sweep command resumes the stopped cell "
+                   "and runs the rest", err=True)
+        sys.exit(130)
     log.info("sweep finished: %d ran, %d skipped (complete), %d failed%s", counts["ran"], counts["done"],
              counts["failed"], f" ({counts['stale']} of the runs replaced stale records)" if required else "")
     if not no_report:

@@ -29,7 +29,7 @@ import torch
 
 from . import registry, runner, store
 from .config import MAX_SEED, RunConfig, build_config, cell_key, parse_seed
-from .errors import UserError
+from .errors import Interrupted, UserError
 from .logs import setup_logging
 
 log = logging.getLogger("dpgen_bench")
@@ -262,8 +262,6 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
 def _check_seen_by_workers(cells: list[Cell], how: str) -> None:
     """One line, before anything runs, when a cell names a plugin registered in this process
     only (``Registry.only_in_this_process``): the workers would not see it."""
-    from . import registry
-
     for cell in cells:
         c = cell.config
         for kind, reg, names in (("method", registry.methods, [c.method]), ("dataset", registry.datasets, [c.dataset]),
@@ -353,13 +351,16 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
                     continue
                 try:
                     finished(futures[fut], fut.result())
+                except Interrupted:  # a stop asked for (the workers share the signal): no cell starts after it
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
                 except Exception as e:  # noqa: BLE001 - one failed cell must not stop the sweep
                     finished(futures[fut], err=e)
     else:
         for cell, cfg, d, r in args:
             try:
                 finished(cell, run_cell(cfg, d, data_root, None, r))
-            except UserError:
+            except (UserError, Interrupted):  # a signal stops the sweep, not only its cell
                 raise
             except Exception as e:  # noqa: BLE001
                 finished(cell, err=e)

@@ -116,3 +116,26 @@ def test_sweep_resumes_a_killed_cell_from_its_checkpoint(tmp_path, cli_runner):
     assert "resuming" in res.stderr
     assert _privacy(out)["parts"][0]["steps"] == STEPS
     assert not any(p.name.startswith(".failed-") for p in root.iterdir())
+
+
+def test_sigterm_stops_a_sweep_not_only_its_cell(tmp_path, cli_runner, monkeypatch):
+    """A sweep stopped by a signal ends after its running cell's checkpoint (it went on to the
+    next cell, and the next, each stopped in turn by nothing); the same command resumes."""
+    results = tmp_path / "runs"
+    args = ["sweep", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", f"steps={STEPS}",
+            "--seeds", "0,1", "--eval", "gen2real_mlp", "--no-report"]
+    proc = CliProcess(args, env={"OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0",
+                                 "DPGEN_RESULTS": str(results)}, cwd=ROOT)
+    wait_until(lambda: any(results.glob("*/resume.pt")), proc, timeout=240, every=0.2)
+    (first,) = [p.parent for p in results.glob("*/resume.pt")]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted: checkpoint written; the same bench sweep command resumes" in err
+    assert [p.name for p in results.iterdir()] == [first.name]  # the next cell never started
+    assert (first / "resume.pt").is_file() and not (first / "failed.json").exists()
+    monkeypatch.setenv("DPGEN_RESULTS", str(results))
+    res = cli_runner.invoke(cli, args)
+    assert res.exit_code == 0, (res.stderr, res.exception)
+    assert "2 cells, 0 already complete, 2 to run (1 interrupted: 1 resumed from a checkpoint)" in res.stderr
+    assert len(list(results.glob("*/eval.json"))) == 2
