@@ -30,7 +30,9 @@ LATER_STREAM_KEYS = dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-c742aa93e7", "swee
     "962516b601b7412c") | {  # the conv2* clip, then G's weight average (noise off: the same streams)
     "sweep-dpaf-mnist-eps1-s0-07068fb1d8": "f0f4bc1b5166d186", "sweep-dpaf-mnist-eps100-s0-52421eb816": "34ae4df9b10e3e67"} | \
     dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-44eae6ec52", "sweep-dpaf-mnist-eps10-s1-16072d1af5",
-                   "sweep-dpaf-mnist-eps10-s2-749ae01222"], "60a9c8d658b343cb")  # the long preset without GC
+                   "sweep-dpaf-mnist-eps10-s2-749ae01222"], "60a9c8d658b343cb") | dict.fromkeys(  # the long preset without GC
+    ["sweep-dpaf-mnist-eps10-s0-d30ae2ddc2", "sweep-dpaf-mnist-eps10-s1-d0da903db4",
+     "sweep-dpaf-mnist-eps10-s2-9a5aa677b7"], "fa499d97d07aa094")  # the long preset at μ = 8
 
 
 def _three(cfg: RunConfig) -> tuple[str, str, str]:
