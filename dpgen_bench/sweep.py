@@ -281,6 +281,8 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
     ``store.resolve_commit``): a complete record made by code without that commit (a fix
     made since: ``store.made_after``) is *stale*: its directory is renamed
     ``.stale-<run>-<time>`` (kept, out of the report's sight) and the cell runs again."""
+    if engine == "ray" or jobs > 1:  # before anything is renamed or started
+        _check_seen_by_workers(cells, "--engine ray" if engine == "ray" else f"--jobs {jobs}")
     root.mkdir(parents=True, exist_ok=True)
     todo, resumable = [], set()
     counts = {"done": 0, "partial": 0, "todo": 0, "stale": 0, "failed": 0, "ran": 0, "resumed": 0}
@@ -305,7 +307,6 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         todo.append(cell)
     counts["resumed"] = len(resumable)
     if engine == "ray" or jobs > 1:
-        _check_seen_by_workers(todo, "--engine ray" if engine == "ray" else f"--jobs {jobs}")
         todo = longest_first(todo)
     log.info("sweep: %d cells, %d already complete, %d to run (%d interrupted: %d resumed from a checkpoint%s)",
              len(cells), counts["done"], len(todo), counts["partial"], len(resumable),
