@@ -45,6 +45,13 @@ def _dist_name(ep: EntryPoint) -> str:
         return "?"
 
 
+def _resolve(reference: str):
+    """The object a lazy ``"module:attr"`` (or ``"module"``) reference names."""
+    module, _, attr = reference.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attr) if attr else loaded
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str | None = None):
         self.kind = kind
@@ -114,11 +121,7 @@ class Registry(Generic[T]):
             return True
         if obj is source:
             return False
-        if isinstance(source, EntryPoint):
-            return obj is not source.load()
-        module, _, attr = source.partition(":")
-        loaded = importlib.import_module(module)
-        return obj is not (getattr(loaded, attr) if attr else loaded)
+        return obj is not (source.load() if isinstance(source, EntryPoint) else _resolve(source))
 
     def names(self, *, include_hidden: bool = False) -> list[str]:
         self._load_entry_points()
@@ -145,9 +148,7 @@ class Registry(Generic[T]):
                                 f"cannot be loaded ({self._items[name].value}): {msg}") from None
             self._items[name] = obj
         elif isinstance(obj, str):
-            module, _, attr = obj.partition(":")
-            loaded = importlib.import_module(module)
-            obj = getattr(loaded, attr) if attr else loaded
+            obj = _resolve(obj)
             self._items[name] = obj
         return obj  # type: ignore[return-value]
 

@@ -262,16 +262,14 @@ def _progress_line(cell: Cell, out: dict[str, Any]) -> str:
 def _check_seen_by_workers(cells: list[Cell], how: str) -> None:
     """One line, before anything runs, when a cell names a plugin registered in this process
     only (``Registry.only_in_this_process``): the workers would not see it."""
-    for cell in cells:
-        c = cell.config
-        for kind, reg, names in (("method", registry.methods, [c.method]), ("dataset", registry.datasets, [c.dataset]),
-                                 ("evaluator", registry.evaluators, list(c.evaluators))):
-            for name in names:
-                if reg.only_in_this_process(name):
-                    raise UserError(
-                        f"{kind} '{name}' was registered in this process only; {how} runs cells in new processes, "
-                        f"which would not see it: use --jobs 1 (in this process), register it as "
-                        f"'module:attr' or make it an entry point (docs/adding-a-method.md)")
+    named = dict.fromkeys((kind, name) for c in (cell.config for cell in cells) for kind, name in (
+        ("method", c.method), ("dataset", c.dataset), *(("evaluator", e) for e in c.evaluators)))
+    kinds = {"method": registry.methods, "dataset": registry.datasets, "evaluator": registry.evaluators}
+    for kind, name in named:  # each name once, however many cells share it
+        if kinds[kind].only_in_this_process(name):
+            raise UserError(f"{kind} '{name}' was registered in this process only; {how} runs cells in new processes, "
+                            f"which would not see it: use --jobs 1 (in this process), register it as "
+                            f"'module:attr' or make it an entry point (docs/adding-a-method.md)")
 
 
 def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int = 1, address: str | None = None,

@@ -22,17 +22,22 @@ COMMITTED = ROOT / "benchmarks" / "mnist_runs"
 RECORDED_STREAM_KEYS = {"dpac": "fcc656ac82a1d052", "dpaf": "1a0c1093c3abbc44", "dpdm": "1541c3d48e4ceff1",
                         "dpgan": "4b0a4c7840f44a04", "dpmerf": "f9b72505d220da61", "gan": "f4597a8522d1de4d",
                         "gswgan": "020b96fc3bc0c8fc"}
-# records committed since the rule, each configuration's own key (dpaf long with conv2*'s own clip)
-LATER_STREAM_KEYS = dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-c742aa93e7", "sweep-dpaf-mnist-eps10-s1-deba0709f7",
-                                   "sweep-dpaf-mnist-eps10-s2-11508ea83c"], "333798306da3a18f") | dict.fromkeys(
-    ["sweep-dpaf-mnist-eps10-s0-403ef4dbc7", "sweep-dpaf-mnist-eps10-s1-98c77850ae",
-     "sweep-dpaf-mnist-eps10-s2-9a530a7601", "sweep-dpaf-mnist-eps10-noiseoff-s0-c6ffa7cdc5"],
-    "962516b601b7412c") | {  # the conv2* clip, then G's weight average (noise off: the same streams)
-    "sweep-dpaf-mnist-eps1-s0-07068fb1d8": "f0f4bc1b5166d186", "sweep-dpaf-mnist-eps100-s0-52421eb816": "34ae4df9b10e3e67"} | \
-    dict.fromkeys(["sweep-dpaf-mnist-eps10-s0-44eae6ec52", "sweep-dpaf-mnist-eps10-s1-16072d1af5",
-                   "sweep-dpaf-mnist-eps10-s2-749ae01222"], "60a9c8d658b343cb") | dict.fromkeys(  # the long preset without GC
-    ["sweep-dpaf-mnist-eps10-s0-d30ae2ddc2", "sweep-dpaf-mnist-eps10-s1-d0da903db4",
-     "sweep-dpaf-mnist-eps10-s2-9a5aa677b7"], "fa499d97d07aa094")  # the long preset at μ = 8
+# records committed since the rule, each configuration's own key
+LATER_STREAM_KEYS = {run: key for key, runs in {
+    # dpaf long with conv2*'s own clip
+    "333798306da3a18f": ["sweep-dpaf-mnist-eps10-s0-c742aa93e7", "sweep-dpaf-mnist-eps10-s1-deba0709f7",
+                         "sweep-dpaf-mnist-eps10-s2-11508ea83c"],
+    # then G's weight average (noise off: the same streams)
+    "962516b601b7412c": ["sweep-dpaf-mnist-eps10-s0-403ef4dbc7", "sweep-dpaf-mnist-eps10-s1-98c77850ae",
+                         "sweep-dpaf-mnist-eps10-s2-9a530a7601", "sweep-dpaf-mnist-eps10-noiseoff-s0-c6ffa7cdc5"],
+    "f0f4bc1b5166d186": ["sweep-dpaf-mnist-eps1-s0-07068fb1d8"],
+    "34ae4df9b10e3e67": ["sweep-dpaf-mnist-eps100-s0-52421eb816"],
+    # the long preset without GC, and at μ = 8 (CLAIMS.md dpaf-ablations-long)
+    "60a9c8d658b343cb": ["sweep-dpaf-mnist-eps10-s0-44eae6ec52", "sweep-dpaf-mnist-eps10-s1-16072d1af5",
+                         "sweep-dpaf-mnist-eps10-s2-749ae01222"],
+    "fa499d97d07aa094": ["sweep-dpaf-mnist-eps10-s0-d30ae2ddc2", "sweep-dpaf-mnist-eps10-s1-d0da903db4",
+                         "sweep-dpaf-mnist-eps10-s2-9a5aa677b7"],
+}.items() for run in runs}
 
 
 def _three(cfg: RunConfig) -> tuple[str, str, str]:
