@@ -137,14 +137,16 @@ stage_C() {
 # on their gpu-short presets (σ calibrated for ε = 10 at a T that fits a call). A run the cap cuts
 # writes its resume checkpoint; the next call (while the machine still holds M_RESULTS) resumes it;
 # a finished run (eval.json) is left alone. M_RUNS picks the runs, M_PRESET_OVERRIDE=tiny runs the
-# same commands on tiny presets (the CPU test), M_MODE=hooks|bk DPAF's per-example gradients.
+# same commands on tiny presets (the CPU test), M_MODE=hooks|bk DPAF's per-example gradients;
+# M_SET adds settings to the new runs (e.g. M_SET="--set max_grad_norm_conv2=0.02") and M_TAG names
+# them apart (run directory <run>-<M_TAG>-mnist-eps10), so a variant never resumes or skips the preset's run.
 mnist_paper() {
     local r=$M_RESULTS
     local common="--dataset mnist --eps ${M_EPS:-10} --device ${DEVICE:-cuda} --eval ${M_EVAL:-gen2real_cnn}"
     export OMP_NUM_THREADS=4
     trap 'wait' TERM  # let the runs write their resume checkpoints after the cap's SIGTERM
     for run in ${M_RUNS:-dpaf dpmerf dpgan}; do
-        local dir=$r/$run-mnist-eps${M_EPS:-10}
+        local dir=$r/$run${M_TAG:+-$M_TAG}-mnist-eps${M_EPS:-10}
         if [ -f "$dir/eval.json" ]; then
             echo "$run: finished earlier ($dir)"; continue
         elif [ -f "$dir/config.json" ]; then
@@ -152,10 +154,10 @@ mnist_paper() {
         fi
         case $run in
             dpaf) $PY -m dpgen_bench.cli run --method dpaf --preset ${M_PRESET_OVERRIDE:-paper} \
-                --set grad_sample_mode=${M_MODE:-hooks} $common --out "$dir" & ;;
-            dpmerf) $PY -m dpgen_bench.cli run --method dpmerf --preset ${M_PRESET_OVERRIDE:-paper} $common \
+                --set grad_sample_mode=${M_MODE:-hooks} ${M_SET:-} $common --out "$dir" & ;;
+            dpmerf) $PY -m dpgen_bench.cli run --method dpmerf --preset ${M_PRESET_OVERRIDE:-paper} ${M_SET:-} $common \
                 --out "$dir" & ;;
-            dpgan|dpdm) $PY -m dpgen_bench.cli run --method $run --preset ${M_PRESET_OVERRIDE:-gpu-short} $common \
+            dpgan|dpdm) $PY -m dpgen_bench.cli run --method $run --preset ${M_PRESET_OVERRIDE:-gpu-short} ${M_SET:-} $common \
                 --out "$dir" & ;;
             *) echo "unknown M run $run (known: dpaf dpmerf dpgan dpdm)" ;;
         esac

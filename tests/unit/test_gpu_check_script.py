@@ -120,6 +120,20 @@ def test_stage_m_starts_the_mnist_paper_runs_resumes_the_cut_and_skips_the_finis
         assert "mruns/dpmerf-mnist-eps10/eval.json" in tar.getnames()
 
 
+def test_stage_m_variant_runs_apart_from_the_preset_run_with_its_settings(tmp_path):
+    fake = _fake_python(tmp_path)
+    runs = tmp_path / "mruns"
+    (runs / "dpaf-mnist-eps10").mkdir(parents=True)
+    for name in ("config.json", "eval.json"):  # the preset's run, finished in an earlier call
+        (runs / "dpaf-mnist-eps10" / name).write_text("{}")
+    proc, _, _ = _run(tmp_path, PY=str(fake), STAGES="M", M_RUNS="dpaf", M_RESULTS=str(runs),
+                      M_TAG="clip", M_SET="--set max_grad_norm_conv2=0.02")
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "dpgen_bench.cli" in c]
+    assert len(calls) == 1, calls
+    assert "--set max_grad_norm_conv2=0.02" in calls[0] and f"--out {runs}/dpaf-clip-mnist-eps10" in calls[0]
+
+
 @pytest.mark.slow
 def test_stage_m_on_the_cpu_with_tiny_presets_brings_back_records_and_uint8_samples(tmp_path):
     """The prepared GPU command, run here for real on tiny presets (about 90 s on 2 cores)."""
