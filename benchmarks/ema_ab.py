@@ -153,9 +153,10 @@ def main() -> None:
         except Interrupted as e:  # SIGTERM/SIGINT: checkpointed; the same command resumes
             raise SystemExit(f"{e}; run the same command again to resume") from None
     ours = store.read_json(run_dir / store.COMPLETE_MARKER)["metrics"]["gen2real_cnn"]
-    last = torch.load(run_dir / LAST, weights_only=True)
+    # on the CPU whatever device trained (θ_0 is rebuilt there; load_state_dict moves each state back)
+    last = torch.load(run_dir / LAST, weights_only=True, map_location="cpu")
     p = runner.prepare(cfg)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu")
     beta, T = cfg.hparams["ema_decay"], int(last["updates"])
     variants = {"bias-corrected": checkpoint["G"]}  # the run's released generator
     if a.method in PLAIN_BEFORE:

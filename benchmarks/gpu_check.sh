@@ -5,7 +5,8 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_check.sh
 #
-# STAGES="P A B C D" (default; M, real MNIST's paper runs, is asked for by name) picks stages and their order; CAP_P … CAP_D cap them in
+# STAGES="P A B C D" (default; M, real MNIST's paper runs, V and L, the long presets' candidates
+# and test runs, are asked for by name) picks stages and their order; CAP_P … CAP_D cap them in
 # seconds (CAP_D: each method's pytest); ONLY=m1,m2 limits B to those methods, C_RUNS names C's
 # runs (C_SET: settings added to the dpgan-wide-long runs), D_METHODS D's. C runs in the
 # background beside D when D comes after it in STAGES, in the foreground otherwise (so that it
@@ -27,6 +28,8 @@
 #   D_gpu_runs.log      pytest -m gpu tests/gpu/test_gpu_runs.py (paper presets, few hundred steps),
 #                       one pytest per method
 #   M_mnist.log, mnist_runs.tgz, samples_<run>.npz (uint8)   stage M: paper presets on real MNIST
+#   V_val.log, val_runs.tgz     stage V: `long` candidates on the validation split (ema_ab.py rows)
+#   L_long.log, long_runs.tgz   stage L: `long` presets' 3-seed test runs (mnist_long.sh's records)
 #   P_dpdm_step.log     benchmarks/dpdm_step.py: DPDM's paper chunks (MNIST, CelebA-32), bk against
 #                       non-private, peak memory, a profile
 set -u
@@ -177,6 +180,59 @@ labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
         --exclude=checkpoint.pt --exclude=resume.pt --exclude='*.tmp' "$(basename "$M_RESULTS")"
 }
 
+# V: candidates for a `long` preset on the validation split, side by side (benchmarks/ema_ab.py:
+# one training each, G's last iterate and several weight averages evaluated, within-class spread
+# measured). V_RUNS: "name:k=v,k=v ..." (name alone: the preset as it is); V_METHOD (dpgan),
+# V_SEEDS ("0"), V_DECAYS. Each candidate writes its own row file (ema_ab.json is merged here, not
+# written by several processes); a cut run resumes on the next call, a finished one is left alone.
+val_candidates() {
+    local r=$V_RESULTS
+    export OMP_NUM_THREADS=2
+    trap 'wait' TERM
+    mkdir -p "$r"
+    for spec in ${V_RUNS:-preset nd1:n_d=1 nd5:n_d=5 nd10:n_d=10 adaptive:n_d=adaptive}; do
+        local name=${spec%%:*} sets=() kv
+        if [ "$spec" != "$name" ]; then
+            IFS=, read -ra kvs <<< "${spec#*:}"
+            for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
+        fi
+        for seed in ${V_SEEDS:-0}; do
+            local run=${V_METHOD:-dpgan}-long-$name-s$seed
+            [ -f "$r/$run.json" ] && { echo "$run: finished earlier"; continue; }
+            $PY benchmarks/ema_ab.py --method ${V_METHOD:-dpgan} --seed "$seed" "${sets[@]}" \
+                --decays "${V_DECAYS:-0.99,0.995,0.998}" --results "$r" --name "$run" --out "$r/$run.json" &
+        done
+    done
+    wait
+}
+stage_V() {
+    export V_RESULTS=${V_RESULTS:-$PWD/results/gpu_val}  # in the tree: kept between calls
+    stage V_val "${CAP_V:-520}" bash -c "$(declare -f val_candidates); PY=$PY; val_candidates"
+    [ -d "$V_RESULTS" ] && tar czf "$OUT/val_runs.tgz" -C "$(dirname "$V_RESULTS")" --exclude='*.pt' \
+        --exclude=samples.npz --exclude='*.tmp' "$(basename "$V_RESULTS")"
+}
+
+# L: the `long` presets' test runs (benchmarks/mnist_long.sh: 3 seeds a cell, the records
+# benchmarks/mnist_runs/ keeps), one sweep per arm, the arms side by side. L_METHODS (dpgan),
+# L_ARMS: arms separated by ";", each the SET of mnist_long.sh ("" = the preset; e.g.
+# L_ARMS=";n_d=5;n_d=adaptive"), L_SEEDS (0,1,2). A cut sweep resumes on the next call.
+stage_L() {
+    export L_RESULTS=${L_RESULTS:-$PWD/results/gpu_long}  # in the tree: kept between calls
+    local records=/tmp/long_records
+    mkdir -p "$records"
+    stage L_long "${CAP_L:-520}" bash -c '
+        export OMP_NUM_THREADS=2
+        trap "wait" TERM
+        IFS=";" read -ra arms <<< "${L_ARMS:-}"
+        [ ${#arms[@]} -gt 0 ] || arms=("")
+        for arm in "${arms[@]}"; do
+            PY='"$PY"' RUNS="$L_RESULTS" OUTDIR='"$records"' METHODS="${L_METHODS:-dpgan}" \
+                SEEDS="${L_SEEDS:-0,1,2}" JOBS=3 SET="$arm" bash benchmarks/mnist_long.sh &
+        done
+        wait'
+    tar czf "$OUT/long_runs.tgz" -C "$(dirname "$records")" "$(basename "$records")"
+}
+
 # one pytest per method, each capped at CAP_D: a case cut by its cap does not hide the others,
 # and a failure is printed when its pytest ends, not lost to a later cap
 stage_D() {
@@ -195,8 +251,8 @@ for st in $STAGES; do
     rest=${rest#*" $st "}; rest=" $rest"
     case $st in
         C) case "$rest" in *" D "*) stage_C & ;; *) stage_C ;; esac ;;
-        P|A|B|D|M) "stage_$st" ;;
-        *) echo "== unknown stage $st (known: P A B C D M)" >> "$OUT/stages.txt" ;;
+        P|A|B|D|M|V|L) "stage_$st" ;;
+        *) echo "== unknown stage $st (known: P A B C D M V L)" >> "$OUT/stages.txt" ;;
     esac
 done
 wait

@@ -134,6 +134,37 @@ def test_stage_m_variant_runs_apart_from_the_preset_run_with_its_settings(tmp_pa
     assert "--set max_grad_norm_conv2=0.02" in calls[0] and f"--out {runs}/dpaf-clip-mnist-eps10" in calls[0]
 
 
+def test_stage_v_runs_each_candidate_and_seed_once_with_its_own_row_file(tmp_path):
+    fake = _fake_python(tmp_path)
+    runs = tmp_path / "vruns"
+    runs.mkdir()
+    (runs / "dpgan-long-preset-s1.json").write_text("[]")  # finished in an earlier call
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="V", V_RUNS="preset nd5:n_d=5,lr_g=2e-4",
+                           V_SEEDS="0 1", V_RESULTS=str(runs))
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "ema_ab.py" in c]
+    assert len(calls) == 3, calls
+    preset = next(c for c in calls if "--name dpgan-long-preset-s0" in c)
+    assert "--set" not in preset and f"--out {runs}/dpgan-long-preset-s0.json" in preset
+    for seed in (0, 1):
+        nd5 = next(c for c in calls if f"--name dpgan-long-nd5-s{seed}" in c)
+        assert f"--seed {seed} --set n_d=5 --set lr_g=2e-4 " in nd5 and f"--results {runs} " in nd5
+    assert "V_val rc=0" in stages and (tmp_path / "out" / "val_runs.tgz").is_file()
+
+
+def test_stage_l_runs_one_three_seed_sweep_per_arm(tmp_path):
+    fake = _fake_python(tmp_path)
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="L", L_ARMS=";n_d=5 lr_g=2e-4",
+                           L_RESULTS=str(tmp_path / "lruns"))
+    assert proc.returncode == 0, proc.stderr
+    sweeps = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "dpgen_bench.cli sweep" in c]
+    assert len(sweeps) == 2, sweeps
+    assert all("--method dpgan " in c and "--seeds 0,1,2 --jobs 3" in c and f"--results {tmp_path}/lruns" in c
+               for c in sweeps)
+    assert sum("--set n_d=5 --set lr_g=2e-4" in c for c in sweeps) == 1
+    assert "L_long rc=0" in stages and (tmp_path / "out" / "long_runs.tgz").is_file()
+
+
 @pytest.mark.slow
 def test_stage_m_on_the_cpu_with_tiny_presets_brings_back_records_and_uint8_samples(tmp_path):
     """The prepared GPU command, run here for real on tiny presets (about 90 s on 2 cores)."""
