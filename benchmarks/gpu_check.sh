@@ -215,7 +215,8 @@ stage_V() {
 # L: the `long` presets' test runs (benchmarks/mnist_long.sh: 3 seeds a cell, the records
 # benchmarks/mnist_runs/ keeps), one sweep per arm, the arms side by side. L_METHODS (dpgan),
 # L_ARMS: arms separated by ";", each the SET of mnist_long.sh ("" = the preset; e.g.
-# L_ARMS=";n_d=5;n_d=adaptive"), L_SEEDS (0,1,2). A cut sweep resumes on the next call.
+# L_ARMS=";n_d=5;n_d=adaptive"), L_SEEDS (0,1,2), L_JOBS (3: cells at a time per arm). A cut sweep
+# resumes on the next call.
 stage_L() {
     export L_RESULTS=${L_RESULTS:-$PWD/results/gpu_long}  # in the tree: kept between calls
     local records=/tmp/long_records
@@ -227,7 +228,7 @@ stage_L() {
         [ ${#arms[@]} -gt 0 ] || arms=("")
         for arm in "${arms[@]}"; do
             PY='"$PY"' RUNS="$L_RESULTS" OUTDIR='"$records"' METHODS="${L_METHODS:-dpgan}" \
-                SEEDS="${L_SEEDS:-0,1,2}" JOBS=3 SET="$arm" bash benchmarks/mnist_long.sh &
+                SEEDS="${L_SEEDS:-0,1,2}" JOBS="${L_JOBS:-3}" SET="$arm" bash benchmarks/mnist_long.sh &
         done
         wait'
     tar czf "$OUT/long_runs.tgz" -C "$(dirname "$records")" "$(basename "$records")"
