@@ -187,10 +187,10 @@ labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
 # written by several processes); a cut run resumes on the next call, a finished one is left alone.
 val_candidates() {
     local r=$V_RESULTS
-    export OMP_NUM_THREADS=2
+    export OMP_NUM_THREADS=1  # up to 16 candidates on the 16 cores
     trap 'wait' TERM
     mkdir -p "$r"
-    for spec in ${V_RUNS:-preset nd1:n_d=1 nd5:n_d=5 nd10:n_d=10 adaptive:n_d=adaptive}; do
+    for spec in ${V_RUNS:-nd5:n_d=5 nd10:n_d=10 nd20:n_d=20 adaptive:n_d=adaptive}; do
         local name=${spec%%:*} sets=() kv
         if [ "$spec" != "$name" ]; then
             IFS=, read -ra kvs <<< "${spec#*:}"
