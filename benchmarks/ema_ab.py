@@ -15,7 +15,11 @@ the runner builds it, and the last iterate is saved when the fit ends.
 The plain average is evaluated only for the methods whose records before the warm-up kept one
 (dpgan, gan); dpaf had no average before, so its rows compare the averages with the last iterate.
 
-It resumes an interrupted run (its directory under --results) and appends its row to --out.
+It resumes an interrupted run (its directory under --results) and appends its row to --out
+(replacing a row of the same method, preset, seed and settings). ``--merge FILE …`` adds the rows
+of other row files to --out the same way (the GPU's stage V writes one file a candidate):
+
+    python benchmarks/ema_ab.py --merge gpu_val/*.json
 """
 
 from __future__ import annotations
@@ -119,6 +123,11 @@ def _evaluate(p, images: torch.Tensor, labels: torch.Tensor) -> float:
     return out["metrics"]["gen2real_cnn"]
 
 
+def _key(row: dict) -> tuple:
+    """A row's identity: one training of one candidate."""
+    return row["method"], row["preset"], row["seed"], row["sets"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="dpgan")
@@ -133,7 +142,17 @@ def main() -> None:
     ap.add_argument("--spread-only", action="store_true",
                     help="add the within-class spreads to an existing row (its gen2real kept, nothing retrained)")
     ap.add_argument("--name", default=None, help="run directory name under --results (default: method-dataset-preset-seed)")
+    ap.add_argument("--merge", nargs="+", metavar="FILE", help="add these row files' rows to --out; nothing trained")
     a = ap.parse_args()
+    if a.merge:
+        out = Path(a.out)
+        rows = json.loads(out.read_text()) if out.is_file() else []
+        for f in a.merge:
+            for row in json.loads(Path(f).read_text()):
+                rows = [r for r in rows if _key(r) != _key(row)] + [row]
+        store.write_json(out, rows)
+        print(f"{out}: {len(rows)} rows", file=sys.stderr)
+        return
     eps = a.eps if a.method != "gan" and math.isfinite(a.eps) else None
     cfg = build_config(a.method, a.dataset, epsilon=eps, preset=a.preset, seed=a.seed, sets=a.sets,
                        evaluators=["gen2real_cnn"], eval_split="val")
@@ -170,7 +189,7 @@ def main() -> None:
     variants |= {f"bias-corrected {d}": g for d, g in last.get("extra", {}).items()}
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
-    same = [r for r in rows if (r["method"], r["preset"], r["seed"], r["sets"]) == (a.method, a.preset, a.seed, a.sets)]
+    same = [r for r in rows if _key(r) == (a.method, a.preset, a.seed, a.sets)]
     if a.spread_only and not same:
         raise SystemExit(f"--spread-only: no row of this run in {out}")
     samples = {k: _samples(p, checkpoint, g) for k, g in variants.items()}  # each variant drawn once

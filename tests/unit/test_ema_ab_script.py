@@ -3,6 +3,7 @@ last iterate and a further decay, each with gen2real and its within-class spread
 average appears only for the methods whose records kept one; ``--spread-only`` adds spreads to
 the row without retraining."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -39,3 +40,20 @@ def test_one_training_gives_every_average_and_spread_only_keeps_the_accuracies(t
     rows = _ema_ab(tmp_path, "--spread-only")
     assert len(rows) == 1 and rows[0]["gen2real_cnn"] == {k: -1.0 for k in variants}
     assert set(rows[0]["within_class_std"]) == variants
+
+
+def test_merge_adds_other_row_files_replacing_the_same_training(tmp_path, monkeypatch):
+    def row(seed, sets, value):
+        return {"method": "dpgan", "preset": "long", "seed": seed, "sets": sets, "gen2real_cnn": {"last_iterate": value}}
+    out = tmp_path / "ema_ab.json"
+    out.write_text(json.dumps([row(0, ["n_d=5"], 0.1), row(0, ["n_d=1"], 0.2)]))
+    (tmp_path / "a.json").write_text(json.dumps([row(0, ["n_d=5"], 0.7)]))  # the same training, redone
+    (tmp_path / "b.json").write_text(json.dumps([row(1, ["n_d=5"], 0.6)]))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when the script runs (it imports dpaf_gap)
+    ema_ab = importlib.import_module("ema_ab")
+    monkeypatch.setattr(sys, "argv", ["ema_ab.py", "--out", str(out), "--merge", str(tmp_path / "a.json"),
+                                      str(tmp_path / "b.json")])
+    ema_ab.main()
+    rows = json.loads(out.read_text())
+    assert sorted((r["seed"], r["sets"][0], r["gen2real_cnn"]["last_iterate"]) for r in rows) == [
+        (0, "n_d=1", 0.2), (0, "n_d=5", 0.7), (1, "n_d=5", 0.6)]
