@@ -183,7 +183,7 @@ labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
 # V: candidates for a `long` preset on the validation split, side by side (benchmarks/ema_ab.py:
 # one training each, G's last iterate and several weight averages evaluated, within-class spread
 # measured). V_RUNS: "name:k=v,k=v ..." (name alone: the preset as it is); V_METHOD (dpgan),
-# V_SEEDS ("0"), V_DECAYS. Each candidate writes its own row file (ema_ab.json is merged here, not
+# V_PRESET (long; the run needs a weight average: ema_decay > 0), V_SEEDS ("0"), V_DECAYS. Each candidate writes its own row file (ema_ab.json is merged here, not
 # written by several processes); a cut run resumes on the next call, a finished one is left alone.
 val_candidates() {
     local r=$V_RESULTS
@@ -197,9 +197,9 @@ val_candidates() {
             for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
         fi
         for seed in ${V_SEEDS:-0}; do
-            local run=${V_METHOD:-dpgan}-long-$name-s$seed
+            local run=${V_METHOD:-dpgan}-${V_PRESET:-long}-$name-s$seed
             [ -f "$r/$run.json" ] && { echo "$run: finished earlier"; continue; }
-            $PY benchmarks/ema_ab.py --method ${V_METHOD:-dpgan} --seed "$seed" "${sets[@]}" \
+            $PY benchmarks/ema_ab.py --method ${V_METHOD:-dpgan} --preset ${V_PRESET:-long} --seed "$seed" "${sets[@]}" \
                 --decays "${V_DECAYS:-0.99,0.995,0.998}" --results "$r" --name "$run" --out "$r/$run.json" &
         done
     done

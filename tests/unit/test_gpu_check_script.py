@@ -146,6 +146,7 @@ def test_stage_v_runs_each_candidate_and_seed_once_with_its_own_row_file(tmp_pat
     assert len(calls) == 3, calls
     preset = next(c for c in calls if "--name dpgan-long-preset-s0" in c)
     assert "--set" not in preset and f"--out {runs}/dpgan-long-preset-s0.json" in preset
+    assert "--method dpgan --preset long --seed 0 " in preset
     for seed in (0, 1):
         nd5 = next(c for c in calls if f"--name dpgan-long-nd5-s{seed}" in c)
         assert f"--seed {seed} --set n_d=5 --set lr_g=2e-4 " in nd5 and f"--results {runs} " in nd5
