@@ -13,6 +13,7 @@ never rewritten.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -20,6 +21,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,9 +244,47 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _init_worker(counter, gpus: list[str]) -> None:
+    """Worker initializer: its own process group, deaf to stops while idle (a running cell
+    listens: ``context.stop_on_signals``), so that a stop reaches it once, forwarded by the
+    sweep (``_forward_stops``) — a second signal would mean "stop now, no checkpoint" — and
+    an idle worker is not killed by it. Then its GPU (``_pin_worker_gpu``)."""
+    os.setpgid(0, 0)
+    for sig in STOPS:
+        signal.signal(sig, signal.SIG_IGN)
+    if gpus:
+        _pin_worker_gpu(counter, gpus)
+
+
+@contextlib.contextmanager
+def _forward_stops(pool):
+    """While ``pool`` runs: SIGINT / SIGTERM to the sweep (Ctrl-C, ``kill PID``, a job
+    scheduler's stop) go to its workers, whose running cells checkpoint and raise
+    ``Interrupted``, which ends the sweep. Without it ``kill PID`` killed the sweep and left
+    its workers training unseen until their cells ended."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in STOPS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def _pin_worker_gpu(counter, gpus: list[str]) -> None:
-    """Worker initializer: worker k sees only GPU k mod len(gpus), as its ``cuda`` (set
-    before the worker touches CUDA), so ``--device auto`` cells spread over the GPUs."""
+    """Worker k sees only GPU k mod len(gpus), as its ``cuda`` (set before the worker
+    touches CUDA), so ``--device auto`` cells spread over the GPUs."""
     with counter.get_lock():
         k = counter.value
         counter.value += 1
@@ -331,8 +372,8 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
         if gpus and jobs > len(gpus):
             log.warning("sweep: %d jobs share %d GPU(s); each holds its own CUDA context and models "
                         "(lower --jobs if they run out of GPU memory)", jobs, len(gpus))
-        init = dict(initializer=_pin_worker_gpu, initargs=(ctx.Value("i", 0), gpus)) if gpus else {}
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, **init) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(ctx.Value("i", 0), gpus)) as pool, _forward_stops(pool):
             threads = max(1, (os.cpu_count() or 1) // jobs)
             # the evaluators' shared real-data work first (the real2gen CNN): one worker builds it
             # while the others train, instead of the first cells queueing on its lock

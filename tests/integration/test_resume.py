@@ -2,9 +2,13 @@
 record as an uninterrupted run of the same config and seed; SIGTERM checkpoints and
 stops with a clear line."""
 
+import contextlib
 import json
+import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +143,60 @@ def test_sigterm_stops_a_sweep_not_only_its_cell(tmp_path, cli_runner, monkeypat
     assert res.exit_code == 0, (res.stderr, res.exception)
     assert "2 cells, 0 already complete, 2 to run (1 interrupted: 1 resumed from a checkpoint)" in res.stderr
     assert len(list(results.glob("*/eval.json"))) == 2
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("to", ["sweep", "group"])
+def test_sigterm_to_a_parallel_sweep_stops_its_workers_after_their_checkpoints(tmp_path, to):
+    """SIGTERM to a ``--jobs 2`` sweep, by ``kill PID`` (the sweep only) or to its process group
+    (Ctrl-C's way): both workers' cells checkpoint, the sweep exits 130 and no worker outlives
+    it. Before, ``kill PID`` killed the sweep at once and its workers trained on, unseen, until
+    their cells ended; a worker must also not get the signal twice (the second means "stop now",
+    without a checkpoint)."""
+    results = tmp_path / "runs"
+    args = ["sweep", "--method", "dpgan", "--eps", "2", "--preset", "tiny", "--set", "steps=4000",
+            "--seeds", "0,1", "--jobs", "2", "--eval", "gen2real_mlp", "--no-report"]
+    # a real process (CliProcess's children are daemonic: they may not start workers)
+    proc = subprocess.Popen([sys.executable, "-m", "dpgen_bench.cli", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "DPGEN_CHECKPOINT_SECONDS": "0",
+                                 "DPGEN_RESULTS": str(results)})
+    t0 = time.time()
+    while len(list(results.glob("*/resume.pt"))) < 2:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() - t0 < 240, "no checkpoints"
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert workers, "no worker processes"
+    (os.kill if to == "sweep" else os.killpg)(proc.pid, signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)  # orphaned workers would hold stderr open: a timeout
+        assert proc.returncode == 130, err
+        assert "interrupted: checkpoint written; the same bench sweep command resumes" in err
+        left = workers
+        for _ in range(50):  # the resource tracker exits when it sees the sweep gone
+            left = [w for w in left if Path(f"/proc/{w}").exists()]
+            if not left:
+                break
+            time.sleep(0.1)
+        assert not left, [Path(f"/proc/{w}/cmdline").read_bytes().replace(b"\0", b" ")[:200] for w in left]
+    finally:  # a failed run must not leave workers training
+        for w in [proc.pid, *workers]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+    for run in results.iterdir():
+        assert (run / "resume.pt").is_file() and not (run / "eval.json").exists() and not (run / "failed.json").exists()
