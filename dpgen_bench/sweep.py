@@ -193,6 +193,15 @@ def cap_threads(threads: int) -> None:
     threadpool_limits(threads)  # called, not entered: in force for the rest of the process
 
 
+def worker_threads(jobs: int) -> int:
+    """Compute threads for each of ``jobs`` local workers: the cores shared out, at most an
+    ``OMP_NUM_THREADS`` the caller set (several sweeps side by side on one machine, as the GPU
+    check's stage L runs them, would each share out all the cores)."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    return min(threads, int(asked)) if asked.isdigit() and int(asked) > 0 else threads
+
+
 def run_cell(config_json: dict, run_dir: str, data_root: str | None = None, threads: int | None = None,
              resume: bool = False) -> dict[str, Any]:
     """Run one cell (in this process, a worker process, or a Ray task). ``threads`` caps
@@ -374,7 +383,7 @@ def run_sweep(cells: list[Cell], root: Path, *, engine: str = "local", jobs: int
                         "(lower --jobs if they run out of GPU memory)", jobs, len(gpus))
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
                                  initargs=(ctx.Value("i", 0), gpus)) as pool, _forward_stops(pool):
-            threads = max(1, (os.cpu_count() or 1) // jobs)
+            threads = worker_threads(jobs)
             # the evaluators' shared real-data work first (the real2gen CNN): one worker builds it
             # while the others train, instead of the first cells queueing on its lock
             prep = {pool.submit(prepare_cell, c.to_json(), data_root, threads): c for c in shared_preparations(todo)}

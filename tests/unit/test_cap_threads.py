@@ -46,3 +46,13 @@ def test_sweep_cells_cap_their_threads(monkeypatch, entry):
     fn(*args, None, 1)
     fn(*args, None, None)  # no cap asked (a GPU cell, or in-process): none set
     assert capped == [1]
+
+
+def test_worker_threads_share_the_cores_and_keep_to_an_asked_cap(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert sweep.worker_threads(3) == 5 and sweep.worker_threads(32) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert sweep.worker_threads(3) == 2 and sweep.worker_threads(16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert sweep.worker_threads(3) == 5
