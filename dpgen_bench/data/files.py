@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..imagedecode import decode_range as _decode_range, load_image, pwrite_all  # noqa: F401 - re-exported
 from ..errors import UserError
 from ..store import atomic_open, atomic_path, file_lock
 
@@ -146,13 +147,6 @@ def short_hash(text: str, n: int = 8) -> str:
 
 
 # --------------------------------------------------------------------- .npy cache
-
-
-def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 def _sidecar(npy: Path) -> Path:
@@ -245,44 +239,18 @@ def cached_array(
 # --------------------------------------------------------------------- decoding
 
 
-def load_image(path: str, size: int, mode: str = "RGB") -> np.ndarray:
-    """One image as uint8 (C, size, size): centre square crop (torchvision ``CenterCrop``'s
-    rounding), then PIL bilinear resize (what torchvision ``Resize`` does on PIL images)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        if im.mode != mode:
-            im = im.convert(mode)
-        w, h = im.size
-        s = min(w, h)
-        if w != h:
-            top, left = int(round((h - s) / 2.0)), int(round((w - s) / 2.0))
-            im = im.crop((left, top, left + s, top + s))
-        if s != size:
-            im = im.resize((size, size), Image.Resampling.BILINEAR)
-        a = np.asarray(im, dtype=np.uint8)
-    return a.transpose(2, 0, 1) if a.ndim == 3 else a[None]
+DECODE_START_METHOD = "forkserver"  # benchmarks/dataset_cache.py sets "fork" to wrap the decoding
 
 
-def _decode_range(task: tuple) -> tuple[int, str, str] | None:
-    """Decode ``paths`` into rows ``start..`` of the .npy at ``out`` (header ``offset``)."""
-    paths, start, out, offset, size, mode, channels = task
-    row = channels * size * size
-    per = max(1, (8 * 2**20) // row)
-    fd = os.open(out, os.O_WRONLY)
-    try:
-        buf = np.empty((min(per, len(paths)), channels, size, size), np.uint8)
-        for i0 in range(0, len(paths), per):
-            part = paths[i0 : i0 + per]
-            for j, p in enumerate(part):
-                try:
-                    buf[j] = load_image(p, size, mode)
-                except Exception as e:  # noqa: BLE001 - reported as one line by the parent
-                    return start + i0 + j, p, f"{type(e).__name__}: {e}"
-            pwrite_all(fd, buf[: len(part)].tobytes(), offset + (start + i0) * row)
-    finally:
-        os.close(fd)
-    return None
+def _decode_context():
+    """Never a plain fork of this process: a thread of it holding a lock at that moment (Ray's,
+    after an in-process Ray sweep) left a forked worker waiting forever (a make test hang).
+    forkserver forks a clean single-threaded server that preloads ``dpgen_bench.imagedecode``."""
+    method = DECODE_START_METHOD if DECODE_START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["dpgen_bench.imagedecode"])  # heeded when this process starts its server
+    return ctx
 
 
 def default_workers(n: int) -> int:
@@ -294,7 +262,7 @@ def default_workers(n: int) -> int:
 def decode_images(dataset: str, paths: Sequence[str], out: str, offset: int, size: int, mode: str = "RGB",
                   workers: int | None = None) -> None:
     """Decode every image of ``paths`` into the preallocated uint8 .npy ``out``, in order,
-    in ``workers`` processes (forked; they use PIL and numpy only)."""
+    in ``workers`` processes (``_decode_context``; they use PIL and numpy only)."""
     channels = 1 if mode == "L" else 3
     n = len(paths)
     workers = default_workers(n) if workers is None else max(1, int(workers))
@@ -306,9 +274,8 @@ def decode_images(dataset: str, paths: Sequence[str], out: str, offset: int, siz
     else:
         step = max(64, math.ceil(n / (workers * 8)))
         tasks = [(list(paths[a : a + step]), a, out, offset, size, mode, channels) for a in range(0, n, step)]
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         failures = []
-        with multiprocessing.get_context(method).Pool(workers) as pool:
+        with _decode_context().Pool(workers) as pool:
             for r in pool.imap_unordered(_decode_range, tasks):
                 if r is not None:
                     failures.append(r)

@@ -464,3 +464,9 @@ def test_ffhq_errors(tmp_path):
     csv_path.write_text("name,sex\n00000.png,male\n")
     with pytest.raises(UserError, match="header"):
         load_dataset("ffhq-gender", root=str(tmp_path))
+
+
+def test_decoding_workers_are_never_a_plain_fork_of_the_loader():
+    """A plain fork of a process whose other threads hold locks (Ray's, after an in-process Ray
+    sweep in the same pytest worker) left a decoding worker waiting forever: make test hung."""
+    assert files._decode_context().get_start_method() in ("forkserver", "spawn")
