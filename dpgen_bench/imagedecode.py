@@ -1,7 +1,8 @@
 """The image decoding that ``dpgen_bench.data.files`` runs in worker processes, with numpy and
-PIL only: the workers are forked from a clean forkserver process that preloads this module
-alone, so each starts at once (``files`` imports torch) and none inherits a lock a thread of
-the loading process held (a plain fork after an in-process Ray sweep hung ``make test``)."""
+PIL only: the workers are spawned (``files._decode_context``), and importing this module, not
+``files`` (which imports torch), is what each needs to unpickle its task; a plain fork of the
+loading process could inherit a lock one of its threads held (after an in-process Ray sweep a
+forked decoder hung ``make test``)."""
 
 from __future__ import annotations
 

@@ -239,18 +239,18 @@ def cached_array(
 # --------------------------------------------------------------------- decoding
 
 
-DECODE_START_METHOD = "forkserver"  # benchmarks/dataset_cache.py sets "fork" to wrap the decoding
+DECODE_START_METHOD = "spawn"  # benchmarks/dataset_cache.py sets "fork" to wrap the decoding
 
 
 def _decode_context():
     """Never a plain fork of this process: a thread of it holding a lock at that moment (Ray's,
     after an in-process Ray sweep) left a forked worker waiting forever (a make test hang).
-    forkserver forks a clean single-threaded server that preloads ``dpgen_bench.imagedecode``."""
+    Spawned workers import ``dpgen_bench.imagedecode`` (numpy, PIL) to unpickle their task.
+    Not forkserver: its server is one per process, and whoever starts it first fixes its
+    preloaded modules (tests/integration/cli_process.py preloads the CLI's; a decode first
+    would have left every later CLI child importing torch and the methods afresh)."""
     method = DECODE_START_METHOD if DECODE_START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["dpgen_bench.imagedecode"])  # heeded when this process starts its server
-    return ctx
+    return multiprocessing.get_context(method)
 
 
 def default_workers(n: int) -> int:
