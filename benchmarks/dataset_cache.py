@@ -168,7 +168,7 @@ def phase(args: argparse.Namespace) -> None:
     _MEASURE_DIR = tempfile.mkdtemp(prefix="dpgen_bench_rss_")
     _DECODE = files._decode_range
     files._decode_range = _measured_decode  # forked workers inherit it
-    files.DECODE_START_METHOD = "fork"  # (forkserver's would import the unwrapped one)
+    files.DECODE_START_METHOD = "fork"  # (spawned workers would import the unwrapped one)
     base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     base_anon = _rss_anon_kib() / 1024
     sampler = AnonPeak()

@@ -229,6 +229,9 @@ class TrainingContext(RunContext):
             self._train_log.close()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a run to checkpoint and stop (and a sweep: sweep.py)
+
+
 class stop_on_signals:
     """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
 
@@ -237,7 +240,7 @@ class stop_on_signals:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self.old[sig] = signal.signal(sig, self._handler)
         return self
 

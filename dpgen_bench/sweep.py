@@ -32,6 +32,7 @@ import torch
 
 from . import registry, runner, store
 from .config import MAX_SEED, RunConfig, build_config, cell_key, parse_seed
+from .context import STOP_SIGNALS
 from .errors import Interrupted, UserError
 from .logs import setup_logging
 
@@ -253,16 +254,13 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
 def _init_worker(counter, gpus: list[str]) -> None:
     """Worker initializer: its own process group, deaf to stops while idle (a running cell
     listens: ``context.stop_on_signals``), so that a stop reaches it once, forwarded by the
     sweep (``_forward_stops``) — a second signal would mean "stop now, no checkpoint" — and
     an idle worker is not killed by it. Then its GPU (``_pin_worker_gpu``)."""
     os.setpgid(0, 0)
-    for sig in STOPS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if gpus:
         _pin_worker_gpu(counter, gpus)
@@ -283,7 +281,7 @@ def _forward_stops(pool):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
 
-    old = {sig: signal.signal(sig, forward) for sig in STOPS}
+    old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

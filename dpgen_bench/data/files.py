@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..imagedecode import decode_range as _decode_range, load_image, pwrite_all  # noqa: F401 - re-exported
+from ..imagedecode import decode_range as _decode_range, pwrite_all
 from ..errors import UserError
 from ..store import atomic_open, atomic_path, file_lock
 
