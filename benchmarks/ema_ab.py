@@ -128,6 +128,11 @@ def _key(row: dict) -> tuple:
     return row["method"], row["preset"], row["seed"], row["sets"]
 
 
+def _put(rows: list[dict], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of any row of the same training (``_key``), appended last."""
+    return [r for r in rows if _key(r) != _key(row)] + [row]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="dpgan")
@@ -149,7 +154,7 @@ def main() -> None:
         rows = json.loads(out.read_text()) if out.is_file() else []
         for f in a.merge:
             for row in json.loads(Path(f).read_text()):
-                rows = [r for r in rows if _key(r) != _key(row)] + [row]
+                rows = _put(rows, row)
         store.write_json(out, rows)
         print(f"{out}: {len(rows)} rows", file=sys.stderr)
         return
@@ -201,8 +206,7 @@ def main() -> None:
         "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
     row["within_class_std"] = {k: _spread(*xy) for k, xy in samples.items()}
     row["within_class_std_real"] = round(within_class_std(p.data.train.images.numpy(), p.data.train.labels.numpy()), 3)
-    rows = [r for r in rows if r not in same] + [row]
-    store.write_json(out, rows)
+    store.write_json(out, _put(rows, row))
     print(json.dumps(row, indent=1))
 
 

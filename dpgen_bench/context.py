@@ -4,6 +4,7 @@ directory: then nothing is written and checkpoints are never due."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -232,16 +233,30 @@ class TrainingContext(RunContext):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a run to checkpoint and stop (and a sweep: sweep.py)
 
 
+@contextlib.contextmanager
+def handling_stops(handler):
+    """``handler`` answers STOP_SIGNALS while the block runs, the previous handlers after it;
+    off the main thread (where Python cannot install handlers) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
 class stop_on_signals:
     """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
 
     def __init__(self, ctx: TrainingContext):
-        self.ctx, self.old = ctx, {}
+        self.ctx = ctx
+        self._handling = handling_stops(self._handler)
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self.old[sig] = signal.signal(sig, self._handler)
+        self._handling.__enter__()
         return self
 
     def _handler(self, signum, frame):
@@ -250,6 +265,5 @@ class stop_on_signals:
         self.ctx.stop_requested = signum
 
     def __exit__(self, *exc):
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
+        self._handling.__exit__(*exc)
         return False

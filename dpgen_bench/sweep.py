@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 
 from . import registry, runner, store
 from .config import MAX_SEED, RunConfig, build_config, cell_key, parse_seed
-from .context import STOP_SIGNALS
+from .context import STOP_SIGNALS, handling_stops
 from .errors import Interrupted, UserError
 from .logs import setup_logging
 
@@ -272,21 +271,13 @@ def _forward_stops(pool):
     scheduler's stop) go to its workers, whose running cells checkpoint and raise
     ``Interrupted``, which ends the sweep. Without it ``kill PID`` killed the sweep and left
     its workers training unseen until their cells ended."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def forward(signum, frame):
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
 
-    old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
-    try:
+    with handling_stops(forward):
         yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _pin_worker_gpu(counter, gpus: list[str]) -> None:

@@ -1,8 +1,9 @@
 """``bench sweep --engine ray`` on a two-node Ray cluster on localhost: a head
 node and a second node started with ``ray start``, one CPU each. The sweep spreads its cells
 over both nodes, writes the records a local sweep writes, and resumes a cell that was killed
-after its first checkpoint. Runs by default (Ray is a test dependency); ``ray stop`` ends
-every Ray process of this machine, so both Ray test files share one xdist worker."""
+after its first checkpoint. Slow (about 85 s of a worker, its Ray daemons beside it): the default
+suite runs `--engine ray` on a local instance (test_sweep.py); ``ray stop`` ends every Ray process
+of this machine, so both Ray test files share one xdist worker."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from dpgen_bench.cli import cli
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_resume import _privacy, _spawn, _wait_for_checkpoint  # noqa: E402 - the killed run of ARGS
 

@@ -89,9 +89,8 @@ def test_a_parallel_sweep_of_a_plugin_given_to_this_process_only_stops_in_one_li
     assert res.exit_code == 0, (res.stderr, res.exception)
 
 
-# slow: 55 s, and the two-node test (test_ray_cluster.py, same xdist group) runs the same
-# `--engine ray` path against a cluster; the two in sequence were a minute and a half of one worker
-@pytest.mark.slow
+# The default suite's one Ray test (about 30 s alone); the two-node cluster test with its killed and
+# resumed cell (test_ray_cluster.py, about 85 s of a worker with its `ray start` daemons) is slow
 @pytest.mark.xdist_group("ray")  # with the two-node test: `ray stop` there ends every Ray process
 def test_sweep_on_local_ray(cli_runner, results, ray_exclusive):
     ray = pytest.importorskip("ray")

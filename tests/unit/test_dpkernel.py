@@ -113,7 +113,7 @@ def test_the_methods_release_carries_noise_of_std_sigma_delta_at_its_points():
     labels = torch.tensor([0, 0, 1, 2])
     y = torch.rand(4, D, generator=g) * 2 - 1
     f_val, f_grad = witness(real.images, real.labels, y, labels, h.widths(), h.batch_size)
-    steps = 6000
+    steps = 3000  # each entry of emp within 3.5 standard errors (√(K_ii K_jj + K_ij²) / √steps ≤ 0.052·sd² at 2)
     d_val, d_grad = [], []
     for _ in range(steps):
         t_val, t_grad = m.release(real, y, labels, ctx, noise)
@@ -125,7 +125,7 @@ def test_the_methods_release_carries_noise_of_std_sigma_delta_at_its_points():
     assert m.sensitivity == pytest.approx(math.sqrt(2) / 10)
     want = sd**2 * gram(y.double(), labels, y.double(), labels, h.widths())
     emp = d_val.T @ d_val / steps
-    assert torch.allclose(emp, want, atol=0.06 * sd**2 * 2)  # 2 = m = k(y, y)
+    assert torch.allclose(emp, want, atol=0.09 * sd**2 * 2)  # 2 = m = k(y, y)
     assert d_grad.var().item() == pytest.approx(sd**2 * (1 + 1 / 4), rel=0.05)
 
 
