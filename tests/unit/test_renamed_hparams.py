@@ -39,9 +39,10 @@ def test_a_record_with_former_names_keeps_its_cell_and_streams():
     assert {"width", "g_ema"} <= set(raw["hparams"])  # the fixture still holds the former names
     old = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
     assert old.hparams["d_width"] == 128 and old.hparams["ema_decay"] == 0.999 and "g_ema" not in old.hparams
-    # recorded before the bias-corrected average: the preset with the as-before warm-up (late_hparams)
+    # recorded before the bias-corrected average and n_D = 5: the preset as it was then (n_D = 2, its
+    # average 0.999) with the as-before warm-up (late_hparams)
     now = build_config("dpgan", "mnist", epsilon=10, preset="long", seed=0, evaluators=["gen2real_cnn"],
-                       sets=["ema_warmup=none"])
+                       sets=["ema_warmup=none", "n_d=2", "ema_decay=0.999"])
     assert now == old and old.hparams["ema_warmup"] == "none"
     assert Cell(now).key == OLD_RECORD.name.rsplit("-", 1)[1]  # a sweep finds the old run finished
     # the streams hash the former names: the old record's raw settings hash the same
