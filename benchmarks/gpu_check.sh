@@ -183,7 +183,9 @@ labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
 # V: candidates for a `long` preset on the validation split, side by side (benchmarks/ema_ab.py:
 # one training each, G's last iterate and several weight averages evaluated, within-class spread
 # measured). V_RUNS: "name:k=v,k=v ..." (name alone: the preset as it is); V_METHOD (dpgan),
-# V_PRESET (long; the run needs a weight average: ema_decay > 0), V_SEEDS ("0"), V_DECAYS. Each candidate writes its own row file (ema_ab.json is merged here, not
+# V_PRESET (long), V_SEEDS ("0"), V_DECAYS, V_EMA (0.99: the run's own average, first in every candidate's
+# settings, which may override it; ema_ab.py needs one, and dpgan's long preset releases the last iterate
+# with none). Each candidate writes its own row file (ema_ab.json is merged here, not
 # written by several processes); a cut run resumes on the next call, a finished one is left alone.
 val_candidates() {
     local r=$V_RESULTS
@@ -192,6 +194,7 @@ val_candidates() {
     mkdir -p "$r"
     for spec in ${V_RUNS:-nd5:n_d=5 nd10:n_d=10 nd20:n_d=20 adaptive:n_d=adaptive}; do
         local name=${spec%%:*} sets=() kv
+        [ -n "${V_EMA-0.99}" ] && sets+=(--set "ema_decay=${V_EMA-0.99}")
         if [ "$spec" != "$name" ]; then
             IFS=, read -ra kvs <<< "${spec#*:}"
             for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done

@@ -145,11 +145,13 @@ def test_stage_v_runs_each_candidate_and_seed_once_with_its_own_row_file(tmp_pat
     calls = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "ema_ab.py" in c]
     assert len(calls) == 3, calls
     preset = next(c for c in calls if "--name dpgan-long-preset-s0" in c)
-    assert "--set" not in preset and f"--out {runs}/dpgan-long-preset-s0.json" in preset
-    assert "--method dpgan --preset long --seed 0 " in preset
+    # every run keeps a weight average (ema_ab.py needs one; the dpgan long preset has none), first, so
+    # that a candidate's own ema_decay wins
+    assert f"--out {runs}/dpgan-long-preset-s0.json" in preset
+    assert "--method dpgan --preset long --seed 0 --set ema_decay=0.99 --decays" in preset
     for seed in (0, 1):
         nd5 = next(c for c in calls if f"--name dpgan-long-nd5-s{seed}" in c)
-        assert f"--seed {seed} --set n_d=5 --set lr_g=2e-4 " in nd5 and f"--results {runs} " in nd5
+        assert f"--seed {seed} --set ema_decay=0.99 --set n_d=5 --set lr_g=2e-4 " in nd5 and f"--results {runs} " in nd5
     assert "V_val rc=0" in stages and (tmp_path / "out" / "val_runs.tgz").is_file()
 
 
