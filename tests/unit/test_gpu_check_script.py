@@ -155,6 +155,15 @@ def test_stage_v_runs_each_candidate_and_seed_once_with_its_own_row_file(tmp_pat
     assert "V_val rc=0" in stages and (tmp_path / "out" / "val_runs.tgz").is_file()
 
 
+def test_stage_v_without_the_added_average_when_v_ema_is_empty(tmp_path):
+    fake = _fake_python(tmp_path)
+    proc, _, _ = _run(tmp_path, PY=str(fake), STAGES="V", V_RUNS="dpaf:ema_decay=0.999", V_METHOD="dpaf",
+                      V_EMA="", V_RESULTS=str(tmp_path / "vruns"))
+    assert proc.returncode == 0, proc.stderr
+    (call,) = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "ema_ab.py" in c]
+    assert "--method dpaf " in call and "--set ema_decay=0.999 --decays" in call and call.count("--set") == 1
+
+
 def test_stage_l_runs_one_three_seed_sweep_per_arm(tmp_path):
     fake = _fake_python(tmp_path)
     proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="L", L_ARMS=";n_d=5 lr_g=2e-4",
