@@ -192,9 +192,10 @@ val_candidates() {
     export OMP_NUM_THREADS=1  # up to 16 candidates on the 16 cores
     trap 'wait' TERM
     mkdir -p "$r"
+    local ema=${V_EMA-0.99}
     for spec in ${V_RUNS:-nd5:n_d=5 nd10:n_d=10 nd20:n_d=20 adaptive:n_d=adaptive}; do
         local name=${spec%%:*} sets=() kv
-        [ -n "${V_EMA-0.99}" ] && sets+=(--set "ema_decay=${V_EMA-0.99}")
+        [ -n "$ema" ] && sets+=(--set "ema_decay=$ema")
         if [ "$spec" != "$name" ]; then
             IFS=, read -ra kvs <<< "${spec#*:}"
             for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done

@@ -248,22 +248,15 @@ def handling_stops(handler):
             signal.signal(sig, previous)
 
 
-class stop_on_signals:
-    """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only)."""
+@contextlib.contextmanager
+def stop_on_signals(ctx: TrainingContext):
+    """SIGINT / SIGTERM ask the method to checkpoint and stop (main thread only); a second
+    one stops now (KeyboardInterrupt), without a checkpoint."""
 
-    def __init__(self, ctx: TrainingContext):
-        self.ctx = ctx
-        self._handling = handling_stops(self._handler)
-
-    def __enter__(self):
-        self._handling.__enter__()
-        return self
-
-    def _handler(self, signum, frame):
-        if self.ctx.stop_requested is not None:  # a second signal: stop now
+    def ask_to_stop(signum, frame):
+        if ctx.stop_requested is not None:
             raise KeyboardInterrupt
-        self.ctx.stop_requested = signum
+        ctx.stop_requested = signum
 
-    def __exit__(self, *exc):
-        self._handling.__exit__(*exc)
-        return False
+    with handling_stops(ask_to_stop):
+        yield

@@ -37,7 +37,7 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpaf-mnist-eps10-s2-749ae01222"],
     "fa499d97d07aa094": ["sweep-dpaf-mnist-eps10-s0-d30ae2ddc2", "sweep-dpaf-mnist-eps10-s1-d0da903db4",
                          "sweep-dpaf-mnist-eps10-s2-9a5aa677b7"],
-    # dpgan long at n_D = 5, G's last iterate (the preset since 2026-11-30; CLAIMS.md n-d-long's n_D = 5 arm)
+    # dpgan long at n_D = 5, G's last iterate (the preset now: CHANGELOG.md; CLAIMS.md n-d-long's n_D = 5 arm)
     "9d69bd726589023b": ["sweep-dpgan-mnist-eps10-s0-212c41d82a", "sweep-dpgan-mnist-eps10-s1-eb375688ca",
                          "sweep-dpgan-mnist-eps10-s2-c4996532c9"],
 }.items() for run in runs}
