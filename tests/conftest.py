@@ -68,8 +68,9 @@ def ray_exclusive():
     """One Ray test at a time on this machine: the two-node test ends with ``ray stop
     --force``, which kills every Ray process, a local instance of a test on the other
     pytest-xdist worker included. Their ``xdist_group("ray")`` was meant to keep them on one
-    worker, but ``--dist loadgroup`` (xdist 3.8) was seen to run them on two at once (a
-    hung suite); an exclusive lock on a file serialises them whatever the scheduler does."""
+    worker, but ``--dist loadgroup`` (xdist 3.8) ran them on two at once (a hung suite: under
+    pytest 9.2 it ignored every group mark, ``_xdist_groups`` below); an exclusive lock on a
+    file serialises them whatever the scheduler does."""
     import fcntl
     import tempfile
 
@@ -95,7 +96,9 @@ def pytest_configure(config):
         cap_threads(share)  # torch's and numpy's OpenBLAS, loaded before this hook with a thread per core
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    _xdist_groups(config, items)
     import torch
 
     if torch.cuda.is_available():
@@ -104,6 +107,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):  # not `"gpu" in keywords`: that matches the tests/gpu folder
             item.add_marker(skip)
+
+
+def _xdist_groups(config, items) -> None:
+    """``--dist loadgroup`` on pytest 9.2: pytest-xdist 3.8 marks a grouped test by appending
+    ``@group`` to its node id, but assigns the old string field, which pytest 9.2 no longer
+    reads (its ids are structured), so every ``xdist_group`` mark was silently ignored: a
+    module fixture trained once per worker, twice in all (pytest-dev/pytest-xdist#1386).
+    Here the id the scheduler reads gets the suffix; a no-op where xdist's own assignment
+    took effect (older pytest, or xdist once fixed)."""
+    if not getattr(config.option, "loadgroup", False):  # set on workers under --dist loadgroup
+        return
+    try:
+        from _pytest.nodeid import NodeId  # pytest ≥ 9.2
+    except ImportError:
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
