@@ -40,6 +40,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # dpgan long at n_D = 5, G's last iterate (the preset now: CHANGELOG.md; CLAIMS.md n-d-long's n_D = 5 arm)
     "9d69bd726589023b": ["sweep-dpgan-mnist-eps10-s0-212c41d82a", "sweep-dpgan-mnist-eps10-s1-eb375688ca",
                          "sweep-dpgan-mnist-eps10-s2-c4996532c9"],
+    # its n_D = 1 arm (CLAIMS.md n-d-long)
+    "def99fa73b15010b": ["sweep-dpgan-mnist-eps10-s0-f35e76564e", "sweep-dpgan-mnist-eps10-s1-2bcebd14f8"],
 }.items() for run in runs}
 
 
