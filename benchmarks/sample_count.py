@@ -45,8 +45,9 @@ def _load(run_dir: Path):
 
 
 def evaluate(cfg: RunConfig, data, method, per_class: int) -> tuple[float, float]:
-    """(gen2real CNN, within-class spread) of ``per_class`` samples a class, drawn as the
-    runner draws them (``runner.execute``: every class ``per_class`` times, the run's seed)."""
+    """(gen2real CNN, within-class spread: None for an unconditional method) of ``per_class``
+    samples a class, drawn as the runner draws them (``runner.execute``: every class
+    ``per_class`` times, the run's seed)."""
     cfg = dataclasses.replace(cfg, samples_per_class=per_class)
     labels = torch.arange(data.num_classes).repeat_interleave(per_class)
     with torch.no_grad():
@@ -56,7 +57,8 @@ def evaluate(cfg: RunConfig, data, method, per_class: int) -> tuple[float, float
     runner.seed_everything(cfg.seed)
     out = runner.run_evaluators(cfg, data, method, torch.device("cpu"), images,
                                 labels if method.conditional else None)
-    return out["metrics"]["gen2real_cnn"], round(within_class_std(images.numpy(), labels.numpy()), 3)
+    spread = round(within_class_std(images.numpy(), labels.numpy()), 3) if method.conditional else None
+    return out["metrics"]["gen2real_cnn"], spread
 
 
 def _key(row: dict) -> tuple:
@@ -69,7 +71,7 @@ def main() -> None:
     ap.add_argument("--per-class", default="1000", help="comma-separated sample counts per class")
     ap.add_argument("--out", default="benchmarks/sample_count.json")
     a = ap.parse_args()
-    torch.set_num_threads(1)  # beside training jobs; one thread's result is the same
+    torch.set_num_threads(1)  # beside training jobs (matches_record says whether the record's value came back)
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
     for run_dir in a.runs:
