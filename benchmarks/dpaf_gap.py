@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-from dpgen_bench import registry
+from dpgen_bench import registry, runner
 from dpgen_bench.api import DataInfo
-from dpgen_bench.config import RunConfig
 from dpgen_bench.data import load_dataset
 
 
@@ -75,9 +74,7 @@ def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
 
 @torch.no_grad()
 def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
-    raw = json.loads((run_dir / "config.json").read_text())
-    raw.pop("run_id", None)
-    cfg = RunConfig.from_json(raw)
+    cfg = runner.recorded_config(run_dir)
     data = load_dataset(cfg.dataset, cfg.eval_split)
     cls = registry.methods.get(cfg.method)
     m = cls(cls.Hparams(**cfg.hparams), DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))

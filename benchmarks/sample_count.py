@@ -24,24 +24,19 @@ from pathlib import Path
 
 import torch
 
-from dpgen_bench import registry, runner, store
-from dpgen_bench.api import DataInfo
+from dpgen_bench import runner, store
 from dpgen_bench.config import RunConfig
-from dpgen_bench.data import load_dataset
 
 from dpaf_gap import within_class_std  # benchmarks/ is on sys.path when this script runs
 
 
 def _load(run_dir: Path):
-    raw = store.read_json(run_dir / "config.json")
-    raw.pop("run_id", None)
-    cfg = dataclasses.replace(RunConfig.from_json(raw), evaluators=("gen2real_cnn",))
-    cls = registry.methods.get(cfg.method)
-    data = load_dataset(cfg.dataset, cfg.eval_split)
-    method = cls(runner.method_settings(cls, cfg.hparams), DataInfo(data.name, data.image_shape,
-                                                                      data.num_classes, len(data.train)))
-    method.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
-    return cfg, data, method
+    """The run's configuration (gen2real CNN its only evaluator), its data and its trained method,
+    built as the runner builds them (``runner.prepare``: members and canaries drawn in)."""
+    cfg = dataclasses.replace(runner.recorded_config(run_dir), evaluators=("gen2real_cnn",))
+    p = runner.prepare(cfg)
+    p.method.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
+    return cfg, p.data, p.method
 
 
 def evaluate(cfg: RunConfig, data, method, per_class: int) -> tuple[float, float]:

@@ -364,6 +364,13 @@ def load_resume(run_dir: Path) -> dict:
     return state
 
 
+def recorded_config(run_dir: Path) -> RunConfig:
+    """The configuration a run directory's ``config.json`` records (its ``run_id`` dropped)."""
+    raw = store.read_json(Path(run_dir) / "config.json")
+    raw.pop("run_id", None)
+    return RunConfig.from_json(raw)
+
+
 def resume_config(run_dir: Path) -> RunConfig:
     """The config of an interrupted run, refusing finished or foreign directories."""
     run_dir = Path(run_dir)
@@ -371,9 +378,7 @@ def resume_config(run_dir: Path) -> RunConfig:
         raise UserError(f"--resume {run_dir}: not a run directory (no config.json)")
     if store.is_complete(run_dir):
         raise UserError(f"--resume {run_dir}: the run has already finished")
-    raw = store.read_json(run_dir / "config.json")
-    raw.pop("run_id", None)
-    return RunConfig.from_json(raw)
+    return recorded_config(run_dir)
 
 
 def tf32_for(p: Prepared) -> bool:
@@ -571,9 +576,7 @@ def reevaluate(run_dir: Path, evaluators: tuple[str, ...] | None, data_root: str
     if not (run_dir / "config.json").is_file() or not (run_dir / "checkpoint.pt").is_file():
         raise UserError(f"{run_dir} is not a finished run directory (no config.json / checkpoint.pt)")
     try:
-        raw = store.read_json(run_dir / "config.json")
-        raw.pop("run_id", None)
-        cfg = RunConfig.from_json(raw)
+        cfg = recorded_config(run_dir)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"cannot read the run's config {run_dir / 'config.json'}: {type(e).__name__}: {e}") from None
     if evaluators:
