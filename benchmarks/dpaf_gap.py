@@ -77,7 +77,7 @@ def inspect(run_dir: Path, n: int = 1000, batches: int = 200) -> dict:
     cfg = runner.recorded_config(run_dir)
     data = load_dataset(cfg.dataset, cfg.eval_split)
     cls = registry.methods.get(cfg.method)
-    m = cls(cls.Hparams(**cfg.hparams), DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))
+    m = runner.build_method(cfg, cls, DataInfo(data.name, data.image_shape, data.num_classes, len(data.train)))
     m.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location="cpu"))
     s = np.load(run_dir / "samples.npz")
     if cfg.method != "dpaf":  # a GAN of dpgen_bench.nets.dcgan (gan, dpgan): its D and G only

@@ -100,13 +100,10 @@ def _capture_last_iterate(cls, run_dir: Path, decays: list[float]) -> None:
 def _samples(p, checkpoint: dict, g_state: dict):
     """The run's samples (``p``: the run prepared, ``checkpoint`` its state) with G's weights
     ``g_state``, drawn as the runner draws them."""
-    cfg = p.config
     p.method.load_state_dict(checkpoint)
     p.method.G.load_state_dict(g_state)
     p.method.G.eval()
-    labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
-    with torch.no_grad():
-        return p.method.sample(len(labels), labels, runner.sample_generator(cfg.seed))
+    return runner.draw_samples(p.config, p.data.num_classes, p.method, p.device)
 
 
 def _spread(images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -119,7 +116,7 @@ def _evaluate(p, images: torch.Tensor, labels: torch.Tensor) -> float:
     """gen2real of the samples, evaluated as the runner does."""
     cfg = p.config
     runner.seed_everything(cfg.seed)
-    out = runner.run_evaluators(cfg, p.data, p.method, p.device, images.detach().cpu().float(), labels)
+    out = runner.run_evaluators(cfg, p.data, p.method, p.device, images, labels)
     return out["metrics"]["gen2real_cnn"]
 
 

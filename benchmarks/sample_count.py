@@ -41,14 +41,10 @@ def _load(run_dir: Path):
 
 def evaluate(cfg: RunConfig, data, method, per_class: int) -> tuple[float, float]:
     """(gen2real CNN, within-class spread: None for an unconditional method) of ``per_class``
-    samples a class, drawn as the runner draws them (``runner.execute``: every class
-    ``per_class`` times, the run's seed)."""
+    samples a class, drawn as the runner draws them (``runner.draw_samples``: the run's sample
+    stream: at the run's own count, the record's images)."""
     cfg = dataclasses.replace(cfg, samples_per_class=per_class)
-    labels = torch.arange(data.num_classes).repeat_interleave(per_class)
-    with torch.no_grad():
-        images, labels = method.sample(len(labels), labels if method.conditional else None,
-                                       runner.sample_generator(cfg.seed))
-    images = images.detach().cpu().float()
+    images, labels = runner.draw_samples(cfg, data.num_classes, method, torch.device("cpu"))
     runner.seed_everything(cfg.seed)
     out = runner.run_evaluators(cfg, data, method, torch.device("cpu"), images,
                                 labels if method.conditional else None)

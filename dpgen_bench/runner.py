@@ -464,12 +464,8 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
             torch.save(p.method.state_dict(), f)
 
         phase, t1 = "sample", time.time()
-        labels = torch.arange(p.data.num_classes).repeat_interleave(cfg.samples_per_class)
-        rng = sample_generator(cfg.seed)
-        log.info("sampling %d images", len(labels))
-        with numerics.exact_float32(p.device, allow_tf32=allow_tf32):  # a method may sample on the GPU (dpdm)
-            images, labels = p.method.sample(len(labels), labels if p.method.conditional else None, rng)
-        images = images.detach().cpu().float()
+        log.info("sampling %d images", p.data.num_classes * cfg.samples_per_class)
+        images, labels = draw_samples(cfg, p.data.num_classes, p.method, p.device, allow_tf32)
         with store.atomic_open(run_dir / "samples.npz") as f:
             np.savez_compressed(f, images=images.numpy(), labels=labels.cpu().numpy().astype(np.int64))
         save_grid(images, labels, p.data.class_names, run_dir / "grid.png")
@@ -539,6 +535,21 @@ def resume(run_dir: str | Path, *, device: str | None = None, data_root: str | N
     p = prepare(cfg, data_root)
     _announce(p, run_dir)
     return {"run_dir": str(run_dir), **execute(p, run_dir, resume=True)}
+
+
+def draw_samples(config: RunConfig, num_classes: int, method: Method, device: torch.device,
+                 allow_tf32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A run's released samples, as float32 on the CPU with their labels: every class
+    ``config.samples_per_class`` times (an unconditional method draws as many, unlabelled),
+    from the run's own sample stream (``sample_generator(config.seed)``). The one place that
+    draws them: a script that re-samples a run (benchmarks/ema_ab.py, sample_count.py) gets the
+    run's images back by calling it with the run's config."""
+    labels = torch.arange(num_classes).repeat_interleave(config.samples_per_class)
+    # a method may sample on the GPU (dpdm)
+    with torch.no_grad(), numerics.exact_float32(device, allow_tf32=allow_tf32):
+        images, labels = method.sample(len(labels), labels if method.conditional else None,
+                                       sample_generator(config.seed))
+    return images.detach().cpu().float(), labels.cpu()
 
 
 def check_privacy(report: PrivacyReport) -> None:
