@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from dpgen_bench import identity as rule
+from dpgen_bench import runner
 from dpgen_bench.config import RunConfig, build_config, stream_key
 from dpgen_bench.registry import methods
 from dpgen_bench.report.table import identity
@@ -112,3 +114,37 @@ def test_a_run_at_another_bookkeeping_value_finds_the_recorded_cell():
     cfg = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
     logged = dataclasses.replace(cfg, hparams={**cfg.hparams, "log_every": cfg.hparams["log_every"] + 1})
     assert Cell(logged).run_name == Cell(cfg).run_name and stream_key(logged) == stream_key(cfg)
+
+
+class _Recorder:
+    """A stand-in method whose images are its sample stream's next draws (and which remembers
+    the labels it was asked for)."""
+
+    def __init__(self, conditional: bool):
+        self.conditional, self.asked = conditional, []
+
+    def sample(self, n, labels, rng):
+        self.asked.append(labels)
+        return torch.rand(n, 1, 2, 2, generator=rng, dtype=torch.float64), (
+            labels if labels is not None else torch.zeros(n, dtype=torch.long))
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_samples_come_from_the_run_s_own_stream(conditional):
+    """``runner.draw_samples``, the one place a run's samples are drawn (the runner and the
+    scripts that re-sample a run): every class ``samples_per_class`` times, in class order, from
+    the seed's sample stream whatever the global one did, as float32 on the CPU."""
+    cfg = dataclasses.replace(build_config(method="dpmean", dataset="digits", epsilon=10, seed=3), samples_per_class=4)
+    m = _Recorder(conditional)
+    first, labels = runner.draw_samples(cfg, 10, m, torch.device("cpu"))
+    torch.manual_seed(12345)
+    torch.rand(7)
+    again, _ = runner.draw_samples(cfg, 10, m, torch.device("cpu"))
+    assert first.dtype == torch.float32 and first.device.type == "cpu" and first.shape == (40, 1, 2, 2)
+    assert torch.equal(first, again)
+    if conditional:
+        assert torch.equal(m.asked[0], torch.arange(10).repeat_interleave(4)) and torch.equal(labels, m.asked[0])
+    else:
+        assert m.asked == [None, None]
+    other, _ = runner.draw_samples(dataclasses.replace(cfg, seed=4), 10, m, torch.device("cpu"))
+    assert not torch.equal(first, other)
