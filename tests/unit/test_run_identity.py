@@ -43,7 +43,10 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     "9d69bd726589023b": ["sweep-dpgan-mnist-eps10-s0-212c41d82a", "sweep-dpgan-mnist-eps10-s1-eb375688ca",
                          "sweep-dpgan-mnist-eps10-s2-c4996532c9"],
     # its n_D = 1 arm (CLAIMS.md n-d-long)
-    "def99fa73b15010b": ["sweep-dpgan-mnist-eps10-s0-f35e76564e", "sweep-dpgan-mnist-eps10-s1-2bcebd14f8"],
+    "def99fa73b15010b": ["sweep-dpgan-mnist-eps10-s0-f35e76564e", "sweep-dpgan-mnist-eps10-s1-2bcebd14f8",
+                         "sweep-dpgan-mnist-eps10-s2-7c20f36d90"],
+    # its adaptive arm
+    "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c"],
 }.items() for run in runs}
 
 
