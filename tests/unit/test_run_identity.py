@@ -47,6 +47,10 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpgan-mnist-eps10-s2-7c20f36d90"],
     # its adaptive arm
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c"],
+    # gan long at dpgan's new preset (its non-private twin: n_D = 5, last iterate)
+    "2a2b0afc60acd39a": ["sweep-gan-mnist-epsinf-s0-935444e3ea",
+                         "sweep-gan-mnist-epsinf-s1-33b0946a70",
+                         "sweep-gan-mnist-epsinf-s2-a59bc49346"],
 }.items() for run in runs}
 
 
