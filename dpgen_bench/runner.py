@@ -467,7 +467,7 @@ def execute(p: Prepared, run_dir: Path, resume: bool = False, audit=None) -> dic
         log.info("sampling %d images", p.data.num_classes * cfg.samples_per_class)
         images, labels = draw_samples(cfg, p.data.num_classes, p.method, p.device, allow_tf32)
         with store.atomic_open(run_dir / "samples.npz") as f:
-            np.savez_compressed(f, images=images.numpy(), labels=labels.cpu().numpy().astype(np.int64))
+            np.savez_compressed(f, images=images.numpy(), labels=labels.numpy().astype(np.int64))
         save_grid(images, labels, p.data.class_names, run_dir / "grid.png")
         timings["sample"] = time.time() - t1
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from dpgen_bench.config import RunConfig, build_config, hashed_hparams, stream_key
+from dpgen_bench import runner
+from dpgen_bench.config import build_config, hashed_hparams, stream_key
 from dpgen_bench.nets.averaging import update_average
 from dpgen_bench.registry import methods
 from dpgen_bench.report.table import identity
@@ -37,7 +38,7 @@ def test_no_method_uses_a_former_name(method):
 def test_a_record_with_former_names_keeps_its_cell_and_streams():
     raw = json.loads((OLD_RECORD / "config.json").read_text())
     assert {"width", "g_ema"} <= set(raw["hparams"])  # the fixture still holds the former names
-    old = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
+    old = runner.recorded_config(OLD_RECORD)
     assert old.hparams["d_width"] == 128 and old.hparams["ema_decay"] == 0.999 and "g_ema" not in old.hparams
     # recorded before the bias-corrected average and n_D = 5: the preset as it was then (n_D = 2, its
     # average 0.999) with the as-before warm-up (late_hparams)

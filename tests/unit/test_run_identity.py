@@ -108,8 +108,7 @@ def test_what_counts_for_the_cell_only_keeps_the_streams_and_the_report_row():
 def test_the_committed_records_keep_their_cells_and_streams(record):
     """The rule moved the bookkeeping settings out of the keys without moving a record: its cell
     is the suffix of its directory's name, and its streams' key is the one it was trained with."""
-    raw = json.loads((record / "config.json").read_text())
-    cfg = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
+    cfg = runner.recorded_config(record)
     assert Cell(cfg).key == record.name.rsplit("-", 1)[1]
     assert stream_key(cfg) == LATER_STREAM_KEYS.get(record.name, RECORDED_STREAM_KEYS[cfg.method])
 
@@ -117,8 +116,7 @@ def test_the_committed_records_keep_their_cells_and_streams(record):
 def test_a_run_at_another_bookkeeping_value_finds_the_recorded_cell():
     """A sweep with ``set: {log_every: …}`` finds the committed run of that cell finished."""
     record = COMMITTED / "sweep-dpgan-mnist-eps10-s0-fc5dc9e8a5"
-    raw = json.loads((record / "config.json").read_text())
-    cfg = RunConfig.from_json({k: v for k, v in raw.items() if k != "run_id"})
+    cfg = runner.recorded_config(record)
     logged = dataclasses.replace(cfg, hparams={**cfg.hparams, "log_every": cfg.hparams["log_every"] + 1})
     assert Cell(logged).run_name == Cell(cfg).run_name and stream_key(logged) == stream_key(cfg)
 
