@@ -377,6 +377,22 @@ def _merge_kept(section: str, arms: dict[str, Arm]) -> tuple[dict[str, Arm], dic
     return merged, carried
 
 
+CARRIED_CODE = "; the carried rows' runs among the previous render's: "
+
+
+def _with_carried_code(code: str, before: str) -> str:
+    """This render's code line, then the previous render's runs it does not name, once each:
+    a section re-rendered with carried rows again names every commit once, instead of nesting
+    the previous line inside the new one render after render."""
+    def commit(item: str) -> str:  # "2 runs at e9e2ccd (2026-11-30)" -> "e9e2ccd (2026-11-30)"
+        return item.split(" at ", 1)[-1]
+
+    here = {commit(c) for c in code.split("; ") if c}
+    named = [c for part in before.split(CARRIED_CODE) for c in part.split("; ") if c]
+    rest = list({commit(c): c for c in reversed(named) if commit(c) not in here}.values())[::-1]
+    return f"{code}{CARRIED_CODE}{'; '.join(rest)}" if rest else code
+
+
 def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],
                  seconds: float | None, previous: str = "", require_commit: str | None = None) -> str:
     """One dataset's block (without its markers): where its runs ran, a section per claim, the
@@ -418,7 +434,7 @@ def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: di
         code = code_text(arms)
         before = re.search(r"^- \*\*Code:\*\* (.*)$", kept or "", re.M) if carried else None
         if before:  # the carried rows' runs are among those the previous render named
-            code = f"{code}; the carried rows' runs among the previous render's: {before.group(1)}"
+            code = _with_carried_code(code, before.group(1))
         stale = sum(a.stale for a in arms.values())
         if code or stale:
             lines.append(f"- **Code:** {code or 'no record'}" +

@@ -407,6 +407,18 @@ def test_a_kept_section_takes_the_newer_rows_this_machine_holds_and_carries_the_
     assert claims.KEPT_NOTE in kept and claims.CARRIED not in kept
 
 
+def test_a_code_line_re_rendered_with_carried_rows_names_each_commit_once():
+    """Re-rendering a section that already carries rows does not nest the previous render's
+    code line inside the new one: each commit is named once, this render's first."""
+    first = claims._with_carried_code("3 runs at aaaaaaa (2026-11-30)", "2 runs at bbbbbbb (2026-11-29)")
+    assert first == "3 runs at aaaaaaa (2026-11-30)" + claims.CARRIED_CODE + "2 runs at bbbbbbb (2026-11-29)"
+    second = claims._with_carried_code("3 runs at ccccccc (2026-12-01); 1 run at bbbbbbb (2026-11-29)", first)
+    assert second.count(claims.CARRIED_CODE) == 1 and second.count("bbbbbbb") == 1
+    assert second.endswith(claims.CARRIED_CODE + "3 runs at aaaaaaa (2026-11-30)")
+    assert claims._with_carried_code("3 runs at aaaaaaa (2026-11-30)", "3 runs at aaaaaaa (2026-11-30)") == \
+        "3 runs at aaaaaaa (2026-11-30)"
+
+
 def test_a_committed_record_counts_for_its_cell(tmp_path, monkeypatch):
     """``also_results``: a cell whose record sits complete in a committed directory is read
     from there (and not run again); one found nowhere is run under ``results``. The file's
