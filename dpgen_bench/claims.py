@@ -263,12 +263,22 @@ def check(spec: dict, exp: dict, arms: dict[str, Arm]) -> list[tuple[str, str]]:
         return [check_better(spec, metric, arms[exp["better"]], arms[exp["than"]])]
     if kind == "at_least_best":
         arm, others = arms[exp["arm"]], [arms[n] for n in exp["of"]]
-        if len(arm.values.get(metric, [])) < 2 or any(len(o.values.get(metric, [])) < 2 for o in others):
-            return [(MISSING, f"{arm.name} vs {', '.join(o.name for o in others)}: fewer than 2 seeds")]
-        best = max(others, key=lambda o: np.mean(_oriented(metric, o.values[metric])))
+        ran = [o for o in others if len(o.values.get(metric, [])) >= 2]
+        missing = f"{arm.name} vs {', '.join(o.name for o in others)}: fewer than 2 seeds"
+        if len(arm.values.get(metric, [])) < 2 or not ran:
+            return [(MISSING, missing)]
+        best = max(ran, key=lambda o: np.mean(_oriented(metric, o.values[metric])))
         verdict, text = check_better(spec, metric, best, arm)
         if verdict == UNTESTABLE:
             return [(verdict, text)]
+        if len(ran) < len(others):
+            # significantly worse than an arm run is significantly worse than the best of all,
+            # whatever the arms not run give; otherwise they could still decide it
+            if verdict != REPRODUCED:
+                return [(MISSING, missing)]
+            absent = ", ".join(o.name for o in others if o not in ran)
+            return [(NOT_REPRODUCED, f"best fixed run: {text}; {arm.name} is significantly worse "
+                                     f"({absent} not run yet: it cannot change this)")]
         ok = verdict != REPRODUCED  # the best fixed setting is not significantly better
         return [(REPRODUCED if ok else NOT_REPRODUCED,
                  f"best fixed: {text}; {arm.name} is {'not ' if ok else ''}significantly worse")]

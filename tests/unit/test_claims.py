@@ -118,6 +118,15 @@ def test_at_least_best_and_range():
     assert claims.check(SPEC, exp, arms)[0][0] == claims.NOT_REPRODUCED
     arms["ad"] = arm("ad", [0.69, 0.72, 0.70])
     assert claims.check(SPEC, exp, arms)[0][0] == claims.REPRODUCED
+    # an arm of `of` not run: significantly below one that ran already decides it, level with it does not
+    arms["10"] = arm("10", [0.8])
+    wider = {**exp, "of": ["1", "5", "10"]}
+    assert claims.check(SPEC, wider, arms)[0][0] == claims.MISSING
+    arms["ad"] = arm("ad", [0.3, 0.31, 0.29])
+    verdict, text = claims.check(SPEC, wider, arms)[0]
+    assert verdict == claims.NOT_REPRODUCED and "10 not run yet" in text
+    arms["ad"] = arm("ad", [0.3])
+    assert claims.check(SPEC, wider, arms)[0][0] == claims.MISSING
     rng = {"kind": "range", "metric": "gen2real_cnn", "arm": "5", "min": 0.5}
     assert claims.check(SPEC, rng, arms)[0][0] == claims.REPRODUCED
     assert claims.check(SPEC, {**rng, "arm": "1", "min": 0.6}, arms)[0][0] == claims.NOT_REPRODUCED

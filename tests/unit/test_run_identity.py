@@ -46,7 +46,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     "def99fa73b15010b": ["sweep-dpgan-mnist-eps10-s0-f35e76564e", "sweep-dpgan-mnist-eps10-s1-2bcebd14f8",
                          "sweep-dpgan-mnist-eps10-s2-7c20f36d90"],
     # its adaptive arm
-    "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c"],
+    "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
+                         "sweep-dpgan-mnist-eps10-s2-298522cda4"],
     # gan long at dpgan's new preset (its non-private twin: n_D = 5, last iterate)
     "2a2b0afc60acd39a": ["sweep-gan-mnist-epsinf-s0-935444e3ea",
                          "sweep-gan-mnist-epsinf-s1-33b0946a70",
