@@ -48,6 +48,12 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # its adaptive arm
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
+    # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
+    # their ε = 10 and noise-off records keep the recorded keys)
+    "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
+    "2f0c382a5e3dfc3f": ["sweep-gswgan-mnist-eps100-s0-9163b0b94e"],
+    "824833bd1991352d": ["sweep-dpac-mnist-eps1-s0-f3a1fc6c69"],
+    "4b1f62cff7ef201d": ["sweep-dpac-mnist-eps100-s0-aeba1c5fef"],
     # gan long at dpgan's new preset (its non-private twin: n_D = 5, last iterate)
     "2a2b0afc60acd39a": ["sweep-gan-mnist-epsinf-s0-935444e3ea",
                          "sweep-gan-mnist-epsinf-s1-33b0946a70",
