@@ -394,13 +394,16 @@ def _with_carried_code(code: str, before: str) -> str:
     """This render's code line, then the previous render's runs it does not name, once each:
     a section re-rendered with carried rows again names every commit once, instead of nesting
     the previous line inside the new one render after render."""
-    def commit(item: str) -> str:  # "2 runs at e9e2ccd (2026-11-30)" -> "e9e2ccd (2026-11-30)"
+    def commit(item: str) -> str:  # code_text's "2 runs at e9e2ccd (its date)" -> "e9e2ccd (its date)"
         return item.split(" at ", 1)[-1]
 
     here = {commit(c) for c in code.split("; ") if c}
-    named = [c for part in before.split(CARRIED_CODE) for c in part.split("; ") if c]
-    rest = list({commit(c): c for c in reversed(named) if commit(c) not in here}.values())[::-1]
-    return f"{code}{CARRIED_CODE}{'; '.join(rest)}" if rest else code
+    rest: dict[str, str] = {}  # commit -> the previous render's first item naming it
+    for part in before.split(CARRIED_CODE):
+        for c in part.split("; "):
+            if c and commit(c) not in here:
+                rest.setdefault(commit(c), c)
+    return f"{code}{CARRIED_CODE}{'; '.join(rest.values())}" if rest else code
 
 
 def render_block(spec: dict, dataset: str, claims: list[dict], arms_by_claim: dict[str, dict[str, Arm]],

@@ -419,13 +419,13 @@ def test_a_kept_section_takes_the_newer_rows_this_machine_holds_and_carries_the_
 def test_a_code_line_re_rendered_with_carried_rows_names_each_commit_once():
     """Re-rendering a section that already carries rows does not nest the previous render's
     code line inside the new one: each commit is named once, this render's first."""
-    first = claims._with_carried_code("3 runs at aaaaaaa (2026-11-30)", "2 runs at bbbbbbb (2026-11-29)")
-    assert first == "3 runs at aaaaaaa (2026-11-30)" + claims.CARRIED_CODE + "2 runs at bbbbbbb (2026-11-29)"
-    second = claims._with_carried_code("3 runs at ccccccc (2026-12-01); 1 run at bbbbbbb (2026-11-29)", first)
+    a, b, c = "3 runs at aaaaaaa (day 2)", "2 runs at bbbbbbb (day 1)", "3 runs at ccccccc (day 3)"
+    first = claims._with_carried_code(a, b)
+    assert first == a + claims.CARRIED_CODE + b
+    second = claims._with_carried_code(f"{c}; 1 run at bbbbbbb (day 1)", first)
     assert second.count(claims.CARRIED_CODE) == 1 and second.count("bbbbbbb") == 1
-    assert second.endswith(claims.CARRIED_CODE + "3 runs at aaaaaaa (2026-11-30)")
-    assert claims._with_carried_code("3 runs at aaaaaaa (2026-11-30)", "3 runs at aaaaaaa (2026-11-30)") == \
-        "3 runs at aaaaaaa (2026-11-30)"
+    assert second.endswith(claims.CARRIED_CODE + a)
+    assert claims._with_carried_code(a, a) == a
 
 
 def test_a_committed_record_counts_for_its_cell(tmp_path, monkeypatch):
