@@ -121,8 +121,9 @@ def _evaluate(p, images: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def _key(row: dict) -> tuple:
-    """A row's identity: one training of one candidate."""
-    return row["method"], row["preset"], row["seed"], row["sets"]
+    """A row's identity: one training of one candidate on one kind of device (a GPU's row never
+    replaces the CPU's: the same seed draws differently there). Rows without ``device`` are the CPU's."""
+    return row["method"], row["preset"], row["seed"], row["sets"], row.get("device", "cpu")
 
 
 def _put(rows: list[dict], row: dict) -> list[dict]:
@@ -191,13 +192,13 @@ def main() -> None:
     variants |= {f"bias-corrected {d}": g for d, g in last.get("extra", {}).items()}
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
-    same = [r for r in rows if _key(r) == (a.method, a.preset, a.seed, a.sets)]
+    same = [r for r in rows if _key(r) == (a.method, a.preset, a.seed, a.sets, p.device.type)]
     if a.spread_only and not same:
         raise SystemExit(f"--spread-only: no row of this run in {out}")
     samples = {k: _samples(p, checkpoint, g) for k, g in variants.items()}  # each variant drawn once
     row = same[0] if a.spread_only else {
         "method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
-        "sets": a.sets, "split": "val", "ema_decay": beta, "g_updates": T,
+        "sets": a.sets, "split": "val", "device": p.device.type, "ema_decay": beta, "g_updates": T,
         **({"initial_share_plain": initial_share(beta, T, "none")} if "plain" in variants else {}),
         "gen2real_cnn": {k: ours if k == "bias-corrected" else _evaluate(p, *samples[k]) for k in variants},
         "run_dir": str(run_dir), "seconds": round(time.time() - t0)}

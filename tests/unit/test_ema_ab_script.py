@@ -48,7 +48,8 @@ def test_merge_adds_other_row_files_replacing_the_same_training(tmp_path, monkey
     out = tmp_path / "ema_ab.json"
     out.write_text(json.dumps([row(0, ["n_d=5"], 0.1), row(0, ["n_d=1"], 0.2)]))
     (tmp_path / "a.json").write_text(json.dumps([row(0, ["n_d=5"], 0.7)]))  # the same training, redone
-    (tmp_path / "b.json").write_text(json.dumps([row(1, ["n_d=5"], 0.6)]))
+    gpu = row(0, ["n_d=5"], 0.8) | {"device": "cuda"}  # the same settings on a GPU: a training of its own
+    (tmp_path / "b.json").write_text(json.dumps([row(1, ["n_d=5"], 0.6), gpu]))
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when the script runs (it imports dpaf_gap)
     ema_ab = importlib.import_module("ema_ab")
     monkeypatch.setattr(sys, "argv", ["ema_ab.py", "--out", str(out), "--merge", str(tmp_path / "a.json"),
@@ -56,4 +57,4 @@ def test_merge_adds_other_row_files_replacing_the_same_training(tmp_path, monkey
     ema_ab.main()
     rows = json.loads(out.read_text())
     assert sorted((r["seed"], r["sets"][0], r["gen2real_cnn"]["last_iterate"]) for r in rows) == [
-        (0, "n_d=1", 0.2), (0, "n_d=5", 0.7), (1, "n_d=5", 0.6)]
+        (0, "n_d=1", 0.2), (0, "n_d=5", 0.7), (0, "n_d=5", 0.8), (1, "n_d=5", 0.6)]
