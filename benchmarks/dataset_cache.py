@@ -45,14 +45,6 @@ import numpy as np
 
 CACHE_ROOT = ".dpgen_cache"  # $DPGEN_CACHE of the measured loads, inside the benchmark's directory
 
-ATTRS = (
-    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
-    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
-    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
-    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
-    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young"
-).split()
-
 
 def _write_jpegs(task: tuple[str, int, int]) -> int:
     from PIL import Image
@@ -80,8 +72,10 @@ def make_fake_celeba(root: Path, n: int, workers: int) -> float:
         sum(pool.imap_unordered(_write_jpegs, tasks))
     rng = np.random.default_rng(0)
     names = [f"{i + 1:06d}.jpg" for i in range(n)]
-    values = np.where(rng.random((n, len(ATTRS))) < 0.3, 1, -1)
-    lines = [str(n), " ".join(ATTRS) + " "] + [nm + " " + " ".join(f"{v:2d}" for v in row)
+    from dpgen_bench.data.celeba import ATTRIBUTES  # here, not at the top: phase() imports torch first
+
+    values = np.where(rng.random((n, len(ATTRIBUTES))) < 0.3, 1, -1)
+    lines = [str(n), " ".join(ATTRIBUTES) + " "] + [nm + " " + " ".join(f"{v:2d}" for v in row)
                                                for nm, row in zip(names, values)]
     (base / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
     n_train, n_valid = int(round(n * 162770 / 202599)), int(round(n * 19867 / 202599))

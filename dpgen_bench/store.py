@@ -256,6 +256,18 @@ def _contains(made: str, commit: str, code_root: str) -> bool:
 RNG_STREAMS = 2
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment(device: str) -> dict[str, Any]:
     versions = {}
     for pkg in PACKAGES:
@@ -271,6 +283,10 @@ def environment(device: str) -> dict[str, Any]:
         dev["cuda"] = torch.version.cuda
         dev["cudnn"] = torch.backends.cudnn.version()
     dev["torch_threads"] = torch.get_num_threads()
+    # the CPU's kernels decide a CPU run's numerics: the same seed draws other numbers on another
+    # CPU type (docs/gpu.md, "Reproducibility"), so a record says which it ran on
+    dev["cpu"] = cpu_model()
+    dev["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -42,6 +42,15 @@ ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
 IMAGE_DIR = "img_align_celeba"
 HAIR = ("Black_Hair", "Blond_Hair", "Brown_Hair")
+# the 40 names of list_attr_celeba.txt's second line, in file order: the loader looks its columns up
+# by name, so this is the format's record for what writes the file (test fixtures, benchmarks)
+ATTRIBUTES = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
+    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
+    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
+    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
+    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young"
+).split()
 CLASS_NAMES = {"gender": ("female", "male"), "hair": ("black", "blonde", "brown")}
 ATTR_EXPECTED = ("torchvision's list_attr_celeba.txt: a line with the image count, a line of the 40 attribute "
                  "names, then one line per image: '<file>.jpg' and one 1/-1 per attribute")

@@ -33,13 +33,7 @@ REGISTRY_LINES = {  # built-ins (dpgen_bench/registry.py); the tests use them, n
     "ffhq-gender-64": "dpgen_bench.data.ffhq:load_ffhq_gender_64",
 }
 
-CELEBA_ATTRS = (
-    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
-    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
-    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
-    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
-    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young"
-).split()
+CELEBA_ATTRS = celeba.ATTRIBUTES
 
 
 @pytest.fixture(autouse=True)

@@ -85,6 +85,15 @@ def test_environment_names_the_gpu_of_the_chosen_index(monkeypatch):
     assert env["device"]["name"] == "cuda:1" and env["device"]["gpu"] == "GPU1"
 
 
+def test_environment_names_the_cpu_and_its_kernels():
+    """Another CPU type draws other numbers from the same seed: the record says which CPU it was."""
+    from dpgen_bench import store
+
+    env = store.environment("cpu")
+    assert env["device"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["device"]["cpu"] == store.cpu_model() and isinstance(env["device"]["cpu"], (str, type(None)))
+
+
 def test_local_sweep_workers_are_spread_over_the_visible_gpus(monkeypatch, one_fake_gpu):
     import multiprocessing as mp
     import os

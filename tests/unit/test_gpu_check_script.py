@@ -177,6 +177,25 @@ def test_stage_l_runs_one_three_seed_sweep_per_arm(tmp_path):
     assert "L_long rc=0" in stages and (tmp_path / "out" / "long_runs.tgz").is_file()
 
 
+def test_the_prepared_ladder_call_runs_the_test_seeds_of_both_methods_then_the_val_seeds(tmp_path):
+    """benchmarks/README.md's "Next calls, prepared", first call (CLAIMS.md dpgan-ladder)."""
+    fake = _fake_python(tmp_path)
+    proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="L V", L_METHODS="dpgan,gan", L_JOBS="6",
+                           L_ARMS="n_d=10 steps=12000 ema_decay=0.995", V_SEEDS="1 2",
+                           V_RUNS="nd10-t12k:n_d=10,steps=12000 nd20-t12k:n_d=20,steps=12000",
+                           L_RESULTS=str(tmp_path / "lruns"), V_RESULTS=str(tmp_path / "vruns"))
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    (sweep,) = [c for c in calls if "dpgen_bench.cli sweep" in c]
+    assert "--method dpgan,gan " in sweep and "--seeds 0,1,2 --jobs 6" in sweep
+    assert "--set n_d=10 --set steps=12000 --set ema_decay=0.995" in sweep
+    val = [c for c in calls if "ema_ab.py" in c]
+    assert sorted(c.split("--name ")[1].split()[0] for c in val) == [
+        "dpgan-long-nd10-t12k-s1", "dpgan-long-nd10-t12k-s2", "dpgan-long-nd20-t12k-s1", "dpgan-long-nd20-t12k-s2"]
+    assert calls.index(sweep) < min(calls.index(c) for c in val)  # the test seeds first: the cap cuts the rest
+    assert stages.index("L_long rc=0") < stages.index("V_val rc=0")
+
+
 @pytest.mark.slow
 def test_stage_m_on_the_cpu_with_tiny_presets_brings_back_records_and_uint8_samples(tmp_path):
     """The prepared GPU command, run here for real on tiny presets (about 90 s on 2 cores)."""
