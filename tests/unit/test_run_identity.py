@@ -54,6 +54,9 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     "2f0c382a5e3dfc3f": ["sweep-gswgan-mnist-eps100-s0-9163b0b94e"],
     "824833bd1991352d": ["sweep-dpac-mnist-eps1-s0-f3a1fc6c69"],
     "4b1f62cff7ef201d": ["sweep-dpac-mnist-eps100-s0-aeba1c5fef"],
+    # dpdm long at ε = 1 and 100 with the bias-corrected average (its ε = 10 seeds keep the recorded key)
+    "a9e2417f48d25e81": ["sweep-dpdm-mnist-eps1-s0-d7af9e439d"],
+    "426d4a113c54d35a": ["sweep-dpdm-mnist-eps100-s0-195998e621"],
     # gan long at dpgan's new preset (its non-private twin: n_D = 5, last iterate)
     "2a2b0afc60acd39a": ["sweep-gan-mnist-epsinf-s0-935444e3ea",
                          "sweep-gan-mnist-epsinf-s1-33b0946a70",
