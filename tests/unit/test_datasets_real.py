@@ -33,8 +33,6 @@ REGISTRY_LINES = {  # built-ins (dpgen_bench/registry.py); the tests use them, n
     "ffhq-gender-64": "dpgen_bench.data.ffhq:load_ffhq_gender_64",
 }
 
-CELEBA_ATTRS = celeba.ATTRIBUTES
-
 
 @pytest.fixture(autouse=True)
 def dataset_cache(monkeypatch, tmp_path_factory) -> Path:
@@ -81,8 +79,8 @@ def make_mnist(root: Path, folder: str = "MNIST", n_train: int = 30, n_test: int
 
 def celeba_attr_rows(n: int) -> np.ndarray:
     """±1 attributes; Male alternates, hair cycles through: black, blond, brown, none, black+brown."""
-    values = -np.ones((n, len(CELEBA_ATTRS)), dtype=np.int8)
-    col = {a: i for i, a in enumerate(CELEBA_ATTRS)}
+    values = -np.ones((n, len(celeba.ATTRIBUTES)), dtype=np.int8)
+    col = {a: i for i, a in enumerate(celeba.ATTRIBUTES)}
     for i in range(n):
         values[i, col["Male"]] = 1 if i % 2 else -1
         kind = i % 5
@@ -112,7 +110,7 @@ def make_celeba(root: Path, n: int = 30, seed: int = 0) -> dict:
         a[198:] = (255, 0, 0)
         Image.fromarray(a).save(img_dir / name, quality=100, subsampling=0)
     values = celeba_attr_rows(n)
-    lines = [f"{n}", " ".join(CELEBA_ATTRS) + " "]
+    lines = [f"{n}", " ".join(celeba.ATTRIBUTES) + " "]
     for name, row in zip(names, values):
         lines.append(name + " " + " ".join(f"{v:2d}" for v in row))  # torchvision: '000001.jpg -1  1  1 ...'
     (base / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
@@ -244,7 +242,7 @@ def test_celeba_gender_split_crop_labels(celeba_root, monkeypatch):
     check_images(data, (3, 64, 64), n_train, n_test)
     assert opens.n == len(src["names"])
     assert data.class_names == ("female", "male")
-    male = src["values"][:, CELEBA_ATTRS.index("Male")] == 1
+    male = src["values"][:, celeba.ATTRIBUTES.index("Male")] == 1
     assert data.train.labels.tolist() == male[part <= 1].astype(int).tolist()
     assert data.test.labels.tolist() == male[part == 2].astype(int).tolist()
     # the red bands (rows 0..19, 198..217) are cropped away: every pixel is the grey level
@@ -281,7 +279,7 @@ def test_celeba_hair_filter_and_dropped_count(celeba_root):
     root, src = celeba_root
     data = load_dataset("celeba-hair", root=str(root), workers=1)
     v, part = src["values"], src["partition"]
-    hair = np.stack([v[:, CELEBA_ATTRS.index(a)] == 1 for a in ("Black_Hair", "Blond_Hair", "Brown_Hair")], 1)
+    hair = np.stack([v[:, celeba.ATTRIBUTES.index(a)] == 1 for a in ("Black_Hair", "Blond_Hair", "Brown_Hair")], 1)
     keep = hair.sum(1) == 1
     assert data.class_names == ("black", "blonde", "brown")
     check_images(data, (3, 64, 64), int((keep & (part <= 1)).sum()), int((keep & (part == 2)).sum()))
