@@ -48,6 +48,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # its adaptive arm
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
+    # its n_D = 10 arm
+    "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
     # their ε = 10 and noise-off records keep the recorded keys)
     "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
