@@ -50,6 +50,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
     # its n_D = 10 arm
     "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274"],
+    # the width-64 ladder schedule from an hour of a core (CLAIMS.md dpgan-hour)
+    "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
     # their ε = 10 and noise-off records keep the recorded keys)
     "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
