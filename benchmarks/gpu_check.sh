@@ -184,7 +184,7 @@ labels=s['labels'])" "$d/samples.npz" "$OUT/samples_$(basename "$d").npz"
 # one training each, G's last iterate and several weight averages evaluated, within-class spread
 # measured). V_RUNS: "name:k=v,k=v ..." (name alone: the preset as it is); V_METHOD (dpgan),
 # V_PRESET (long), V_SEEDS ("0"), V_DECAYS, V_EMA (0.99: the run's own average, first in every candidate's
-# settings, which may override it; ema_ab.py needs one, and dpgan's long preset releases the last iterate
+# settings, which may override it; ema_ab.py needs one, and a candidate may release the last iterate
 # with none). Each candidate writes its own row file (ema_ab.json is merged here, not
 # written by several processes); a cut run resumes on the next call, a finished one is left alone.
 val_candidates() {

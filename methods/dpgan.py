@@ -35,7 +35,7 @@ Departures from the paper:
   half feeds the scheduler, so this is the same quantity.
 - The generator outputs [-1, 1] (the authors map to [0, 1]); labels for fake batches are
   uniform over classes, as in their code.
-- ``ema_decay`` (off unless set; of the presets only the ``long`` one of mnist-5k sets it): the samples
+- ``ema_decay`` (off unless set; of the presets the ``long`` ones of mnist-5k and mnist set it): the samples
   come from an exponential moving average of G's weights (β per G step, BatchNorm statistics of the last iterate),
   as DPDM and EDM do for their networks, bias-corrected so that none of G's initial weights survive
   (``ema_warmup``, ``dpgen_bench/nets/averaging.py``); not in the paper. No privacy cost: the average
@@ -186,9 +186,9 @@ class DPGAN(ConditionalSampling, Method):
             # the quick search's levers: many G steps, width 32, G's weight average (benchmarks/presets.md, "dpgan")
             "mnist-5k": dict(batch_size=64, steps=6000, n_d=1, d_width=32, g_width=32, latent_dim=32,
                              lr_d=1e-3, lr_g=1e-3, ema_decay=0.999, samples_per_class=100),
-            # the paper's networks, T = 3,000, n_D = 5, G's last iterate: n_D = 2 collapsed (benchmarks/presets.md, "dpgan", mnist)
-            "mnist": dict(batch_size=64, steps=3000, n_d=5, d_width=128, g_width=128, latent_dim=128,
-                          lr_d=1e-3, lr_g=1e-3, samples_per_class=100),
+            # the GPU ladder's schedule at width 64, an hour of a core (benchmarks/presets.md, "dpgan", mnist)
+            "mnist": dict(batch_size=64, steps=12000, n_d=10, d_width=64, g_width=64, latent_dim=128,
+                          lr_d=1e-3, lr_g=1e-3, ema_decay=0.995, samples_per_class=100),
         },
         "tiny": {
             "*": dict(batch_size=32, steps=60, n_d=2, d_width=8, g_width=8, latent_dim=8, adaptive_beta=0.8,

@@ -181,14 +181,15 @@ def test_the_prepared_ladder_call_runs_the_test_seeds_of_both_methods_then_the_v
     """benchmarks/README.md's "Next calls, prepared", first call (CLAIMS.md dpgan-ladder)."""
     fake = _fake_python(tmp_path)
     proc, stages, _ = _run(tmp_path, PY=str(fake), STAGES="L V", L_METHODS="dpgan,gan", L_JOBS="6",
-                           L_ARMS="n_d=10 steps=12000 ema_decay=0.995", V_SEEDS="1 2",
-                           V_RUNS="nd10-t12k:n_d=10,steps=12000 nd20-t12k:n_d=20,steps=12000",
+                           L_ARMS="d_width=128 g_width=128 n_d=10 steps=12000 ema_decay=0.995", V_SEEDS="1 2",
+                           V_RUNS="nd10-t12k:d_width=128,g_width=128,n_d=10,steps=12000 "
+                                  "nd20-t12k:d_width=128,g_width=128,n_d=20,steps=12000",
                            L_RESULTS=str(tmp_path / "lruns"), V_RESULTS=str(tmp_path / "vruns"))
     assert proc.returncode == 0, proc.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     (sweep,) = [c for c in calls if "dpgen_bench.cli sweep" in c]
     assert "--method dpgan,gan " in sweep and "--seeds 0,1,2 --jobs 6" in sweep
-    assert "--set n_d=10 --set steps=12000 --set ema_decay=0.995" in sweep
+    assert "--set d_width=128 --set g_width=128 --set n_d=10 --set steps=12000 --set ema_decay=0.995" in sweep
     val = [c for c in calls if "ema_ab.py" in c]
     assert sorted(c.split("--name ")[1].split()[0] for c in val) == [
         "dpgan-long-nd10-t12k-s1", "dpgan-long-nd10-t12k-s2", "dpgan-long-nd20-t12k-s1", "dpgan-long-nd20-t12k-s2"]

@@ -40,10 +40,11 @@ def test_a_record_with_former_names_keeps_its_cell_and_streams():
     assert {"width", "g_ema"} <= set(raw["hparams"])  # the fixture still holds the former names
     old = runner.recorded_config(OLD_RECORD)
     assert old.hparams["d_width"] == 128 and old.hparams["ema_decay"] == 0.999 and "g_ema" not in old.hparams
-    # recorded before the bias-corrected average and n_D = 5: the preset as it was then (n_D = 2, its
-    # average 0.999) with the as-before warm-up (late_hparams)
+    # recorded before the bias-corrected average, n_D = 5 and the width-64 schedule: the preset as it
+    # was then (width 128, T = 3,000, n_D = 2, its average 0.999) with the as-before warm-up (late_hparams)
     now = build_config("dpgan", "mnist", epsilon=10, preset="long", seed=0, evaluators=["gen2real_cnn"],
-                       sets=["ema_warmup=none", "n_d=2", "ema_decay=0.999"])
+                       sets=["ema_warmup=none", "n_d=2", "ema_decay=0.999", "d_width=128", "g_width=128",
+                             "steps=3000"])
     assert now == old and old.hparams["ema_warmup"] == "none"
     assert Cell(now).key == OLD_RECORD.name.rsplit("-", 1)[1]  # a sweep finds the old run finished
     # the streams hash the former names: the old record's raw settings hash the same

@@ -39,7 +39,7 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpaf-mnist-eps10-s2-749ae01222"],
     "fa499d97d07aa094": ["sweep-dpaf-mnist-eps10-s0-d30ae2ddc2", "sweep-dpaf-mnist-eps10-s1-d0da903db4",
                          "sweep-dpaf-mnist-eps10-s2-9a5aa677b7"],
-    # dpgan long at n_D = 5, G's last iterate (the preset now: CHANGELOG.md; CLAIMS.md n-d-long's n_D = 5 arm)
+    # dpgan long at n_D = 5, G's last iterate (the preset before width 64; CLAIMS.md n-d-long's n_D = 5 arm)
     "9d69bd726589023b": ["sweep-dpgan-mnist-eps10-s0-212c41d82a", "sweep-dpgan-mnist-eps10-s1-eb375688ca",
                          "sweep-dpgan-mnist-eps10-s2-c4996532c9"],
     # its n_D = 1 arm (CLAIMS.md n-d-long)
@@ -50,8 +50,10 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
     # its n_D = 10 arm
     "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274"],
-    # the width-64 ladder schedule from an hour of a core (CLAIMS.md dpgan-hour)
-    "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b"],
+    # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour), and gan's twin
+    "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b",
+                         "sweep-dpgan-mnist-eps10-s2-7478dc767e"],
+    "88901f4ac76ec1fa": ["sweep-gan-mnist-epsinf-s0-e995f295ce"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
     # their ε = 10 and noise-off records keep the recorded keys)
     "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
