@@ -49,7 +49,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
     # its n_D = 10 arm
-    "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274"],
+    "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274",
+                         "sweep-dpgan-mnist-eps10-s2-e7c934fac9"],
     # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour), and gan's twin
     "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b",
                          "sweep-dpgan-mnist-eps10-s2-7478dc767e"],
