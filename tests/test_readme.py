@@ -12,6 +12,7 @@ their sentences: the README's commands and its ``privacy.json`` example, ``make 
 commands, the grid file of docs/reports-and-sweeps.md, the modules and entry-point groups
 the pages name, and every relative link."""
 
+import functools
 import json
 import os
 import re
@@ -60,7 +61,7 @@ def _is_training(command: str) -> bool:
 # its privacy.json example read off the run itself, are test_readme_training_run_as_written
 # (-m slow). The example's numbers are also checked against the command's plan by default
 # (test_readme_privacy_example_is_the_plan_of_its_command, no training).
-SHORTENED = {c: ["--set", "steps=200" if "--preset long" in c else "steps=100"]
+SHORTENED = {c: ["--set", "steps=80" if "--preset long" in c else "steps=50"]
              for c in tour_commands() if _is_training(c)}
 
 
@@ -454,6 +455,10 @@ def test_make_demo_prints_the_tiers_of_every_method_on_mnist(cli_runner, monkeyp
     sweep[sweep.index("--preset") + 1] = "tiny"
     sweep[sweep.index("--jobs") + 1] = "1"
     _mnist_slice(monkeypatch)
+    # the classifier's 10 epochs on 11 runs' samples were 40 % of this test; what it checks is the
+    # demo's plumbing (the classifier itself: tests/unit/test_transfer.py)
+    from evaluators import transfer
+    monkeypatch.setattr(transfer, "train_classifier", functools.partial(transfer.train_classifier, epochs=2))
     monkeypatch.setenv("DPGEN_RESULTS", str(tmp_path / "elsewhere"))
     monkeypatch.chdir(tmp_path)
     res = cli_runner.invoke(cli, sweep)

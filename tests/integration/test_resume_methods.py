@@ -87,6 +87,7 @@ def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner, one_t
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "privacy.json").exists(), "the run finished before it was killed: raise its steps"
+    assert not (out / "eval.json").exists()  # nothing `bench report` would read as a result
     killed_at = _ledger(out / "resume.pt")
 
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])
@@ -100,6 +101,9 @@ def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner, one_t
     np.testing.assert_array_equal(sa["labels"], sb["labels"])
     np.testing.assert_allclose(sa["images"], sb["images"], atol=1e-4)
     assert (out / "eval.json").is_file()
+    assert not (out / "resume.pt").exists()  # unreleased state (the noise's generator): gone once complete
+    res = cli_runner.invoke(cli, ["run", "--resume", str(out)])  # finished: refused
+    assert res.exit_code == 2 and "already finished" in res.stderr
 
 
 def test_sigint_during_dpaf_phase2_checkpoints_and_resumes(tmp_path, cli_runner):

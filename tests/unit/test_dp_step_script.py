@@ -5,9 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# times every grad-sample mode in a child process (12 s of a core): -m slow, beside the evidence it regenerates
+@pytest.mark.slow
 def test_dp_step_json_lists_every_mode_with_a_ratio():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dp_step.py"), "--json", "--config", "quick",
                           "--repeats", "2", "--threads", "1"], capture_output=True, text=True, check=True, timeout=300)

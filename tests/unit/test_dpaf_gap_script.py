@@ -30,6 +30,8 @@ def test_within_class_std_is_zero_for_one_image_per_class_and_the_pixel_std_othe
     assert within_class_std(far, labels) == pytest.approx(0.0, abs=1e-10)
 
 
+# a dpaf run in a child process (12 s of a core): -m slow, beside the evidence it regenerates
+@pytest.mark.slow
 def test_the_script_reads_a_noise_off_run(tmp_path):
     out = tmp_path / "run"
     res = CliRunner().invoke(cli, ["run", "-m", "dpaf", "--preset", "tiny", "--eps", "10", "--noise-off",

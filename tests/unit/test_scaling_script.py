@@ -16,6 +16,8 @@ import scaling  # noqa: E402
 FIELDS = {"method", "part", "width", "batch", "mode", "step_ms", "ratio", "peak_rss_mib"}
 
 
+# times real DP steps of three methods (14 s of a core): -m slow, beside the evidence it regenerates
+@pytest.mark.slow
 def test_tiny_grid_json_and_figure(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     fig = tmp_path / "scaling.png"
