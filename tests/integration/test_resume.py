@@ -42,10 +42,6 @@ def _privacy(d: Path) -> dict:
     return json.loads((d / "privacy.json").read_text())
 
 
-# A killed dpgan run resumed to the same privacy record, samples and finished state:
-# test_resume_methods.py's dpgan-ema case (it checks everything this file's copy did, and more).
-
-
 def test_sigterm_checkpoints_and_says_how_to_resume(tmp_path, cli_runner):
     out = tmp_path / "term"
     proc = _spawn(out, {"DPGEN_CHECKPOINT_SECONDS": "0"})

@@ -1,4 +1,4 @@
-"""Resume for every private method beside dpgan (tests/integration/test_resume.py): a run
+"""Resume for every private method: a run
 killed with SIGKILL mid-training and resumed with ``bench run --resume`` ends with the same
 privacy record (steps per part, noise, ε) as an uninterrupted run of the same config and
 seed, and with the same samples up to floating-point noise (the checkpoints restore every
@@ -28,8 +28,7 @@ CASES = {
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
     "dpac": ("dpac", ["steps=50", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
     "dpdm": ("dpdm", ["steps=30"], "denoiser", 10),
-    # dpgan itself is in test_resume.py; here with the generator's average, which the
-    # checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
+    # dpgan with the generator's average, which the checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
     # kill (with β = 0.9 a plant that drops the restore passed: 0.9^100 forgets it)
     "dpgan-ema": ("dpgan", ["steps=120", "ema_decay=0.99"], "discriminator", 15),
 }
