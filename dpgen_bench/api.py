@@ -279,6 +279,12 @@ class RunContext(abc.ABC):
     @abc.abstractmethod
     def record(self, **values: Any) -> None: ...  # one line of train.jsonl
 
+    @abc.abstractmethod
+    def accumulate(self, **values: float) -> None:
+        """Add one value each to running means that the next ``record`` line writes beside its
+        own values (and then empties). Checkpoints carry them: a resumed run's ``train.jsonl``
+        is the uninterrupted run's, line for line."""
+
     def watch(self, part: str, mechanism: Any) -> None:
         """Announce the object that releases part ``part``'s noisy sums (a DP optimizer,
         which ``make_private`` announces itself, or a ``GradientSanitizer``), so a white-box

@@ -113,8 +113,15 @@ class TrainingContext(RunContext):
         self.resuming = resume is not None
         self._restored = False
         self._generators: dict[str, torch.Generator] = {}
-        self._train_log = open(run_dir / "train.jsonl", "a") if run_dir else None  # noqa: SIM115
+        log_path = run_dir / "train.jsonl" if run_dir else None
+        if log_path and resume and resume.get("train_log_bytes") is not None and log_path.is_file():
+            # lines written after the checkpoint describe steps the resumed run redoes: cut them
+            with open(log_path, "r+b") as f:
+                f.truncate(resume["train_log_bytes"])
+        self._train_log = open(log_path, "a") if log_path else None  # noqa: SIM115
+        self._means: dict[str, list[float]] = dict(resume.get("means", {})) if resume else {}
         self._t0 = self._last_checkpoint = time.time()
+        self._t0 -= resume.get("elapsed", 0.0) if resume else 0.0  # train.jsonl's times go on
         self._checkpoint_seconds = 0.0  # how long the last checkpoint took to write
         self.telemetry = GradientTelemetry()  # measured gradient norms: a diagnostic (privacy.telemetry)
         if resume and resume.get("telemetry"):
@@ -202,7 +209,9 @@ class TrainingContext(RunContext):
         with store.atomic_open(self.run_dir / RESUME_FILE) as f:
             torch.save({"format": CHECKPOINT_FORMAT, "method": state, "ledger": dict(self.ledger.taken),
                         "rng": self._rng_state(), "time": time.time(), "device": self.device.type,
-                        "telemetry": self.telemetry.state_dict()}, f)
+                        "telemetry": self.telemetry.state_dict(), "means": {k: list(v) for k, v in self._means.items()},
+                        "train_log_bytes": self._train_log.tell() if self._train_log else None,
+                        "elapsed": time.time() - self._t0}, f)
         self._last_checkpoint = time.time()
         self._checkpoint_seconds = self._last_checkpoint - t
         if self.stop_requested is not None:
@@ -218,11 +227,21 @@ class TrainingContext(RunContext):
 
         return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0, leave=False, disable=None)
 
+    def accumulate(self, **values: float) -> None:
+        for key, v in values.items():
+            total, n = self._means.setdefault(key, [0.0, 0])
+            self._means[key] = [total + float(v), n + 1]
+
     def record(self, **values: Any) -> None:
+        means = {key: total / n for key, (total, n) in self._means.items() if n}
+        self._means = {}
         gradients = self.telemetry.window()  # the private parts' steps since the last line
+        self._write({"time": round(time.time() - self._t0, 3), **means, **values,
+                     **({"gradients": gradients} if gradients else {})})
+
+    def _write(self, line: dict) -> None:
         if self._train_log:
-            values = {"time": round(time.time() - self._t0, 3), **values, **({"gradients": gradients} if gradients else {})}
-            self._train_log.write(store.json_line(values))
+            self._train_log.write(store.json_line(line))
             self._train_log.flush()
 
     def close(self) -> None:

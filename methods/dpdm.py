@@ -539,7 +539,7 @@ class DPDM(Method):
         else:
             total, net = h.steps, self.net
         q = self.sample_rate
-        start, loss_sum, seen = 1, 0.0, 0
+        start = 1
         inner = opt.original_optimizer if self.private else opt
         if r is not None:
             self.net.load_state_dict(r["net"])
@@ -556,13 +556,11 @@ class DPDM(Method):
                     empty_batch(net)
                 opt.step()
             else:
-                loss_sum += self._step(net, opt, train, idx, diff_gen)
-                seen += 1
+                ctx.accumulate(loss=self._step(net, opt, train, idx, diff_gen))
             update_average(self.ema, self.net, h.ema_decay, t, h.ema_warmup)
             bar.update(1)
             if t % h.log_every == 0 or t == total:
-                ctx.record(step=t, loss=loss_sum / max(seen, 1))
-                loss_sum, seen = 0.0, 0
+                ctx.record(step=t)
             if t < total and ctx.checkpoint_due():
                 ctx.checkpoint({"net": self.net.state_dict(), "ema": self.ema.state_dict(),
                                 "opt": inner.state_dict(), "t": t})

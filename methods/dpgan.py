@@ -298,7 +298,7 @@ class DPGAN(ConditionalSampling, Method):
         if self.private and q != ctx.part(PART).sample_rate:
             raise AssertionError("the sampling rate differs from the planned part's")
 
-        g_steps, since_g, d_loss_sum, d_seen, start = 0, 0, 0.0, 0, 1
+        g_steps, since_g, start = 0, 0, 1
         inner_d = opt_d.original_optimizer if self.private else opt_d
         r = ctx.restore()
         if r is not None:  # continue exactly where the checkpoint left off
@@ -318,8 +318,7 @@ class DPGAN(ConditionalSampling, Method):
             with torch.no_grad():
                 fake_x, fake_y = self._fake(h.batch_size, dev)
             loss = self._d_step(D, opt_d, train.subset(idx), fake_x, fake_y)
-            d_loss_sum += loss
-            d_seen += 1
+            ctx.accumulate(d_loss=loss)
             since_g += 1
             bar.update(1)
 
@@ -336,11 +335,10 @@ class DPGAN(ConditionalSampling, Method):
             g_steps += 1
             changed = self.scheduler.observe(fake_acc) if self.scheduler else False
             if changed or logged:
-                ctx.record(d_step=t, g_step=g_steps, n_d=n_d, d_loss=d_loss_sum / max(1, d_seen), g_loss=g_loss,
+                ctx.record(d_step=t, g_step=g_steps, n_d=n_d, g_loss=g_loss,
                            d_fake_acc=fake_acc,
                            d_fake_acc_ema=self.scheduler.ema if self.scheduler else None,
                            n_d_next=self.scheduler.n_d if self.scheduler else n_d)
-                d_loss_sum, d_seen = 0.0, 0
             self._maybe_checkpoint(ctx, t, total, g_steps, since_g, inner_d, opt_g)
         bar.close()
         if self.private:

@@ -342,8 +342,6 @@ class DPSinkhorn(ConditionalSampling, Method):
         n_regen = int(h.debias_ratio * h.batch_size)
         bar = ctx.progress(total=steps, desc=f"{self.name} generator steps")
         bar.update(start - 1)
-        acc = {"loss": 0.0, "real_batch": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
-        seen = 0
         for t in range(start, steps + 1):
             idx = poisson_batch(len(train), q, data_gen, dev)
             real = train.subset(idx)
@@ -363,14 +361,10 @@ class DPSinkhorn(ConditionalSampling, Method):
             opt.step()
             bar.update(1)
 
-            seen += 1
-            for key, v in (("loss", loss.item()), ("real_batch", float(len(real))),
-                           ("clip_fraction", sanitizer.last_clip_fraction), ("grad_norm", sanitizer.last_mean_norm)):
-                acc[key] += v
+            ctx.accumulate(loss=loss.item(), real_batch=float(len(real)),
+                           clip_fraction=sanitizer.last_clip_fraction, grad_norm=sanitizer.last_mean_norm)
             if t % h.log_every == 0 or t == steps:
-                ctx.record(step=t, **{key: v / seen for key, v in acc.items()})
-                acc = dict.fromkeys(acc, 0.0)
-                seen = 0
+                ctx.record(step=t)
             if t < steps and ctx.checkpoint_due():
                 ctx.checkpoint({"t": t, "G": self.G.state_dict(), "opt": opt.state_dict()})
         bar.close()

@@ -468,8 +468,6 @@ class GSWGAN(ConditionalSampling, Method):
         steps = part.steps // per  # generator steps T
         bar = ctx.progress(total=steps, desc=f"{self.name} generator steps")
         bar.update(start - 1)
-        acc = {"d_loss": 0.0, "wasserstein": 0.0, "g_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
-        seen = 0
         for t in range(start, steps + 1):
             k = int(torch.randint(0, h.num_discriminators, (1,), generator=choice_gen, device=dev).item())
             D, opt_d = self.discriminators[k], self._opt_d[k]
@@ -491,14 +489,10 @@ class GSWGAN(ConditionalSampling, Method):
                 update_average(self.G_ema, self.G, h.ema_decay, t, h.ema_warmup)
             bar.update(1)
 
-            seen += 1
-            for key, v in (("d_loss", d_loss), ("wasserstein", w), ("g_loss", loss.item() / h.batch_size),
-                           ("clip_fraction", sanitizer.last_clip_fraction), ("grad_norm", sanitizer.last_mean_norm)):
-                acc[key] += v
+            ctx.accumulate(d_loss=d_loss, wasserstein=w, g_loss=loss.item() / h.batch_size,
+                           clip_fraction=sanitizer.last_clip_fraction, grad_norm=sanitizer.last_mean_norm)
             if t % h.log_every == 0 or t == steps:
-                ctx.record(step=t, discriminator=k, **{key: v / seen for key, v in acc.items()}, **logs)
-                acc = dict.fromkeys(acc, 0.0)
-                seen = 0
+                ctx.record(step=t, discriminator=k, **logs)
             if t < steps and ctx.checkpoint_due():
                 ctx.checkpoint(self._training_state(t, opt_g))
         bar.close()

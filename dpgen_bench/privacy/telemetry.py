@@ -64,7 +64,6 @@ class GradientTelemetry:
 
     def __init__(self):
         self.clip: dict[str, float] = {}
-        self.bound_nsr: dict[str, float | None] = {}
         self._steps: dict[str, list[dict]] = defaultdict(list)
         self._window: dict[str, list[dict]] = defaultdict(list)
         self._warned: set[str] = set()
@@ -108,11 +107,12 @@ class GradientTelemetry:
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": dict(self.clip), "steps": {k: list(v) for k, v in self._steps.items()},
-                "warned": sorted(self._warned)}
+                "window": {k: list(v) for k, v in self._window.items()}, "warned": sorted(self._warned)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clip = dict(state.get("clip", {}))
         self._steps = defaultdict(list, {k: list(v) for k, v in state.get("steps", {}).items()})
+        self._window = defaultdict(list, {k: list(v) for k, v in state.get("window", {}).items()})
         self._warned = set(state.get("warned", ()))
 
 

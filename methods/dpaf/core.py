@@ -326,7 +326,7 @@ class DPAF(Method):
         gsm, dp_opt = make_private(dp_module, opt, ctx=ctx, part=part.name, max_grad_norm=h.clip("conv1"),
                                    expected_batch_size=h.batch_size, noise_generator=noise_gen,
                                    grad_sample_mode=h.dpsgd_mode, per_example_transform=self._gc(gc_gen))
-        loss_sum, seen, start = 0.0, 0, 1
+        start = 1
         if resume is not None:
             C.load_state_dict(resume["C"])
             opt.load_state_dict(resume["opt"])
@@ -362,10 +362,9 @@ class DPAF(Method):
                 other_opt.step()
             bar.update(1)
             if loss is not None:
-                loss_sum, seen = loss_sum + loss.item(), seen + 1
+                ctx.accumulate(mse=loss.item())
             if t % h.log_every == 0 or t == part.steps:
-                ctx.record(phase="classifier", step=t, mse=loss_sum / max(1, seen))
-                loss_sum, seen = 0.0, 0
+                ctx.record(phase="classifier", step=t)
             if ctx.checkpoint_due():  # after the last step too: phase 2 has not begun
                 ctx.checkpoint({"phase": 1, "t": t, "C": C.state_dict(), "opt": opt.state_dict(),
                                 "other_opt": other_opt.state_dict() if other_opt is not None else None})
@@ -394,7 +393,6 @@ class DPAF(Method):
         real_dpagg = GaussianRelease(ctx, part3.name, sens, noise_gen)
         window: list = []
         conv2_steps, g_steps = 0, 0
-        stats = {"d_loss": 0.0, "g_loss": 0.0, "conv2_loss": 0.0, "n_d": 0, "n_g": 0, "n_c2": 0}
         targets = torch.tensor([1.0, 0.0], device=dev)
         start = 1
         nets = {"conv1": self.conv1, "conv2": self.conv2, "head": self.head, "G": self.G}
@@ -424,8 +422,7 @@ class DPAF(Method):
             d_loss.backward()  # inputs are detached: only conv3*/FC* move (lines 11/14)
             opt_head.step()
             window.append((s_real, s_fake, idx, xf, yf))
-            stats["d_loss"] += d_loss.item()
-            stats["n_d"] += 1
+            ctx.accumulate(d_loss=d_loss.item())
 
             # conv2* by DPSGD(ε2) once every μ batches (lines 9–12)
             if i % mu == 0 and conv2_steps < part2.steps:
@@ -434,25 +431,20 @@ class DPAF(Method):
                 else:
                     c2_loss = self._conv2_step_paper(images, labels, window, gsm2, dp_opt2)
                 conv2_steps += 1  # dp_opt2's step is counted on conv2
-                stats["conv2_loss"] += c2_loss
-                stats["n_c2"] += 1
+                ctx.accumulate(conv2_loss=c2_loss)
             if i % mu == 0:
                 window = []
 
             # G every n_critic batches on L''_BCE through D̂ (no aggregation) (lines 15–17)
             if g_due:
-                stats["g_loss"] += self._g_step(gsm2, opt_g, xf_g, yf)
-                stats["n_g"] += 1
+                ctx.accumulate(g_loss=self._g_step(gsm2, opt_g, xf_g, yf))
                 if self.G_ema is not None:
                     update_average(self.G_ema, self.G, h.ema_decay, g_steps + 1, h.ema_warmup)
                 g_steps += 1
             bar.update(1)
             if i % h.log_every == 0 or i == part3.steps:
-                ctx.record(phase="gan", step=i, conv2_steps=conv2_steps, g_steps=g_steps,
-                           d_loss=stats["d_loss"] / max(1, stats["n_d"]),
-                           g_loss=stats["g_loss"] / max(1, stats["n_g"]) if stats["n_g"] else None,
-                           conv2_loss=stats["conv2_loss"] / stats["n_c2"] if stats["n_c2"] else None)
-                stats = dict.fromkeys(stats, 0.0)
+                # a window without a G or conv2* step logs no g_loss / conv2_loss
+                ctx.record(phase="gan", step=i, conv2_steps=conv2_steps, g_steps=g_steps)
             if i % mu == 0 and i < part3.steps and ctx.checkpoint_due():
                 ctx.checkpoint({"phase": 2, "t": i, "conv2_steps": conv2_steps, "g_steps": g_steps,
                                 **{k: m.state_dict() for k, m in {**nets, **opts}.items()}})

@@ -48,6 +48,35 @@ def _ledger(ckpt: Path) -> dict:
         return {}
 
 
+def _flat_log(run: Path) -> list:
+    """``train.jsonl``'s lines without their wall-clock times, numbers flattened in order so
+    ``pytest.approx`` compares them (a resumed log must be the uninterrupted one: no line
+    written after the last checkpoint repeated, no window that restarts at the resume)."""
+    rows = [json.loads(line) for line in (run / "train.jsonl").read_text().splitlines()]
+    flat = []
+
+    def walk(v, key=""):
+        if isinstance(v, dict):
+            for k in sorted(v):
+                if k != "time":
+                    walk(v[k], f"{key}.{k}")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            flat.append((key, float(v)))
+        else:
+            flat.append((key, v))
+
+    for row in rows:
+        walk(row)
+    return flat
+
+
+def _assert_same_log(run: Path, ref: Path) -> None:
+    a, b = _flat_log(ref), _flat_log(run)
+    assert [k for k, _ in b] == [k for k, _ in a]
+    for (key, va), (_, vb) in zip(a, b, strict=True):
+        assert vb == (pytest.approx(va, rel=1e-4, abs=1e-6) if isinstance(va, float) else va), key
+
+
 def _spawn_until(out: Path, method: str, sets: list[str], part: str, min_steps: int) -> CliProcess:
     """Start the run in a child process (checkpoint at every chance) and return once its
     checkpoint has ``min_steps`` of ``part`` spent."""
@@ -99,6 +128,7 @@ def test_killed_run_resumes_to_the_same_record(case, tmp_path, cli_runner, one_t
     sa, sb = np.load(ref / "samples.npz"), np.load(out / "samples.npz")
     np.testing.assert_array_equal(sa["labels"], sb["labels"])
     np.testing.assert_allclose(sa["images"], sb["images"], atol=1e-4)
+    _assert_same_log(out, ref)
     assert (out / "eval.json").is_file()
     assert not (out / "resume.pt").exists()  # unreleased state (the noise's generator): gone once complete
     res = cli_runner.invoke(cli, ["run", "--resume", str(out)])  # finished: refused
@@ -165,23 +195,11 @@ def test_run_killed_in_gswgan_pretraining_resumes_to_the_same_samples(case, tmp_
     np.testing.assert_array_equal(sa["labels"], sb["labels"])
     np.testing.assert_allclose(sa["images"], sb["images"], atol=1e-4)
     # The samples barely show it (each clipped gradient is small against the noise here): the
-    # training log must, so every record is compared. Each D_k's last pretraining record and
-    # every generator step's must equal the uninterrupted run's (a D_k whose pretraining is
-    # redone after the kill logs twice; its last record counts).
-    log = _train_log(out)
-    assert log == _train_log(ref)
-    assert sum(kind == "pretrain" for kind, _ in log) == int(sets[0].split("=")[1])  # K discriminators
-
-
-def _train_log(run: Path) -> dict:
-    """train.jsonl's records by ("pretrain", k) or ("step", t), the last of each, without time."""
-    records = {}
-    for line in (run / "train.jsonl").read_text().splitlines():
-        x = json.loads(line)
-        x.pop("time")
-        key = ("pretrain", x["discriminator"]) if x.get("phase") == "pretrain" else ("step", x["step"])
-        records[key] = x
-    return records
+    # training log must, line for line (a D_k whose pretraining is redone after the kill
+    # logs once: the lines past the checkpoint are cut on resume).
+    _assert_same_log(out, ref)
+    log = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert sum(x.get("phase") == "pretrain" for x in log) == int(sets[0].split("=")[1])  # K discriminators
 
 
 def test_sigterm_in_gswgan_pretraining_checkpoints_and_exits(tmp_path):
