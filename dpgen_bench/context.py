@@ -117,7 +117,7 @@ class TrainingContext(RunContext):
         if log_path and resume and resume.get("train_log_bytes") is not None and log_path.is_file():
             # lines written after the checkpoint describe steps the resumed run redoes: cut them
             with open(log_path, "r+b") as f:
-                f.truncate(resume["train_log_bytes"])
+                f.truncate(min(resume["train_log_bytes"], log_path.stat().st_size))  # never pads with zeros
         self._train_log = open(log_path, "a") if log_path else None  # noqa: SIM115
         self._means: dict[str, list[float]] = dict(resume.get("means", {})) if resume else {}
         self._t0 = self._last_checkpoint = time.time()
