@@ -1,7 +1,7 @@
 """DPGAN discriminator step: non-private vs DPSGD in every grad-sample mode, at the quick
-(digits) and paper (MNIST) widths.
+(digits) and paper (MNIST) widths, and at dpgan's `long` preset on MNIST (width 64, B = 64).
 
-    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N] [--json] [--config quick|paper]
+    .venv/bin/python benchmarks/dp_step.py [--repeats 20] [--threads N] [--json] [--config quick|paper|long]
 
 One process, same batch, same networks; every configuration is built and warmed up, then
 the modes are timed round-robin (one step of each mode per round, ``--repeats`` rounds,
@@ -50,6 +50,7 @@ class PartContext:
 CONFIGS = {  # name: (image shape, width, real batch B)
     "quick (digits 16x16, d=32, B=64)": ((1, 16, 16), 32, 64),
     "paper (MNIST 28x28, d=128, B=128)": ((1, 28, 28), 128, 128),
+    "long (MNIST 28x28, d=64, B=64)": ((1, 28, 28), 64, 64),  # dpgan's `long` preset on mnist
 }
 MODES = ("non-private", *GRAD_SAMPLE_MODES, "bk:ghost", "bk:per_example")
 
@@ -126,7 +127,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    ap.add_argument("--config", choices=["quick", "paper"], default=None, help="only this width (default: both)")
+    ap.add_argument("--config", choices=["quick", "paper", "long"], default=None,
+                    help="only this configuration (default: all)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
