@@ -302,7 +302,15 @@ def _read_training_log(run_dir: str) -> pd.DataFrame | None:
     if not f.is_file():
         return None
     lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-    return pd.DataFrame(lines) if lines else None
+    if not lines:
+        return None
+    df = pd.DataFrame(lines)
+    if "d_step" in df or "step" in df:
+        # a run resumed before logs were cut at the checkpoint (context.py) repeats the steps
+        # it redid; the later line is the resumed run's
+        df = df.drop_duplicates(subset=[c for c in ("phase", "discriminator", "d_step", "step") if c in df],
+                                keep="last")
+    return df
 
 
 def _slug(text: str) -> str:
@@ -332,7 +340,7 @@ def training_curves(long: pd.DataFrame, out: Path) -> list[Path]:
         for ax, k in zip(axes[0], quantities):
             for seed, run_id, df in logs:
                 if k in df:
-                    x = "d_step" if "d_step" in df else df.columns[0]
+                    x = next((c for c in ("d_step", "step") if c in df), "time")
                     ax.plot(df[x], df[k], lw=1, label=f"seed {seed:g}" if seed >= 0 else run_id)
             ax.set_xlabel("d_step" if all("d_step" in df for _, _, df in logs) else "step")
             ax.set_title(k, fontsize=9)

@@ -469,3 +469,22 @@ def test_the_tiers_table_of_committed_records_from_a_clean_checkout(tmp_path, mo
     assert "per-row accounting" in res.output and "ε = 329" in res.output
     res = CliRunner().invoke(cli, ["report", "--results", "nowhere", "--also", str(runs)])
     assert res.exit_code == 2 and "no results directory at nowhere" in res.output  # given by hand: still an error
+
+
+def test_a_training_log_with_repeated_steps_keeps_the_later_lines(tmp_path):
+    """Logs resumed before they were cut at the checkpoint repeat the steps the resumed run
+    redid: the curve keeps the resumed run's line of each step, in order; GS-WGAN's
+    pretraining lines (no step) stay one per discriminator."""
+    import json
+
+    from dpgen_bench.report.figures import _read_training_log
+
+    rows = [{"d_step": 1, "d_loss": 0.9}, {"d_step": 2, "d_loss": 0.8}, {"d_step": 3, "d_loss": 0.7},
+            {"d_step": 2, "d_loss": 0.5}, {"d_step": 3, "d_loss": 0.4}, {"d_step": 4, "d_loss": 0.3}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = _read_training_log(str(tmp_path))
+    assert df["d_step"].tolist() == [1, 2, 3, 4] and df["d_loss"].tolist() == [0.9, 0.5, 0.4, 0.3]
+    rows = [{"phase": "pretrain", "discriminator": k, "d_loss": 1.0} for k in (0, 1, 1)]
+    rows += [{"step": t, "discriminator": 0, "d_loss": 0.1 * t} for t in (1, 2)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(_read_training_log(str(tmp_path))) == 4
