@@ -229,8 +229,9 @@ class TrainingContext(RunContext):
 
     def accumulate(self, **values: float) -> None:
         for key, v in values.items():
-            total, n = self._means.setdefault(key, [0.0, 0])
-            self._means[key] = [total + float(v), n + 1]
+            acc = self._means.setdefault(key, [0.0, 0])  # [sum, count]
+            acc[0] += float(v)
+            acc[1] += 1
 
     def record(self, **values: Any) -> None:
         means = {key: total / n for key, (total, n) in self._means.items() if n}

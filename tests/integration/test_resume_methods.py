@@ -1,8 +1,8 @@
-"""Resume for every private method: a run
-killed with SIGKILL mid-training and resumed with ``bench run --resume`` ends with the same
-privacy record (steps per part, noise, ε) as an uninterrupted run of the same config and
-seed, and with the same samples up to floating-point noise (the checkpoints restore every
-generator of randomness, so a resumed CPU run repeats the uninterrupted one)."""
+"""Resume for every private method: a run killed with SIGKILL mid-training and resumed with
+``bench run --resume`` ends with the same privacy record (steps per part, noise, ε) as an
+uninterrupted run of the same config and seed, with the same samples up to floating-point
+noise and the same ``train.jsonl`` (the checkpoints restore every generator of randomness,
+so a resumed CPU run repeats the uninterrupted one)."""
 
 import json
 import signal
@@ -28,8 +28,9 @@ CASES = {
     "gswgan": ("gswgan", ["steps=120"], "generator_gradient", 15),
     "dpac": ("dpac", ["steps=50", "t_c=10"], "generator_gradient", 20),  # past t_c: C's real steps counted
     "dpdm": ("dpdm", ["steps=30"], "denoiser", 10),
-    # dpgan with the generator's average, which the checkpoint must carry; β = 0.99 so that its memory outlasts the ~100 steps after the
-    # kill (with β = 0.9 a plant that drops the restore passed: 0.9^100 forgets it)
+    # dpgan with the generator's average, which the checkpoint must carry; β = 0.99 so that its
+    # memory outlasts the ~100 steps after the kill (with β = 0.9 a plant that drops the
+    # restore passed: 0.9^100 forgets it)
     "dpgan-ema": ("dpgan", ["steps=120", "ema_decay=0.99"], "discriminator", 15),
 }
 
