@@ -48,8 +48,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # its adaptive arm
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
-    # its adaptive arm at the paper's other floor, 0.7 (a diagnostic, seed 0: benchmarks/presets.md, dpgan mnist)
-    "54d62bc54c9bb184": ["sweep-dpgan-mnist-eps10-s0-bc46f75bc9"],
+    # its adaptive arm at the paper's other floor, 0.7 (a diagnostic: benchmarks/presets.md, dpgan mnist)
+    "54d62bc54c9bb184": ["sweep-dpgan-mnist-eps10-s0-bc46f75bc9", "sweep-dpgan-mnist-eps10-s1-dd0023d312"],
     # its n_D = 10 arm
     "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274",
                          "sweep-dpgan-mnist-eps10-s2-e7c934fac9"],
