@@ -55,7 +55,7 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpgan-mnist-eps10-s2-e7c934fac9"],
     # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour), and gan's twin
     "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b",
-                         "sweep-dpgan-mnist-eps10-s2-7478dc767e"],
+                         "sweep-dpgan-mnist-eps10-s2-7478dc767e", "sweep-dpgan-mnist-eps10-noiseoff-s0-4c0de1e259"],
     "88901f4ac76ec1fa": ["sweep-gan-mnist-epsinf-s0-e995f295ce", "sweep-gan-mnist-epsinf-s1-191fd3788f",
                          "sweep-gan-mnist-epsinf-s2-23db40bb88"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
