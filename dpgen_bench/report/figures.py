@@ -313,6 +313,11 @@ def _read_training_log(run_dir: str) -> pd.DataFrame | None:
     return df
 
 
+def _x_column(df: pd.DataFrame) -> str:
+    """A training log's x axis: the discriminator's step where logged, else the step, else the time."""
+    return next((c for c in ("d_step", "step") if c in df), "time")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")
 
@@ -337,12 +342,13 @@ def training_curves(long: pd.DataFrame, out: Path) -> list[Path]:
         if not quantities:
             continue
         fig, axes = _figure(plt, len(quantities), figsize=(3 * len(quantities), 2.8))
+        xs = {_x_column(df) for _, _, df in logs}
+        x_label = next(iter(xs)) if len(xs) == 1 else "step"  # mixed logs: their steps, in their own units
         for ax, k in zip(axes[0], quantities):
             for seed, run_id, df in logs:
                 if k in df:
-                    x = next((c for c in ("d_step", "step") if c in df), "time")
-                    ax.plot(df[x], df[k], lw=1, label=f"seed {seed:g}" if seed >= 0 else run_id)
-            ax.set_xlabel("d_step" if all("d_step" in df for _, _, df in logs) else "step")
+                    ax.plot(df[_x_column(df)], df[k], lw=1, label=f"seed {seed:g}" if seed >= 0 else run_id)
+            ax.set_xlabel(x_label)
             ax.set_title(k, fontsize=9)
             if k == "n_d":
                 ax.set_yscale("log")

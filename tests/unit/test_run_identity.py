@@ -53,7 +53,11 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # its n_D = 10 arm
     "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274",
                          "sweep-dpgan-mnist-eps10-s2-e7c934fac9"],
-    # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour), and gan's twin
+    # dpgan's former n_D = 2 long preset with --noise-off: the streams of the noisy records it ablates
+    "4b0a4c7840f44a04": ["sweep-dpgan-mnist-eps10-noiseoff-s0-e4fa6843ba",
+                         "sweep-dpgan-mnist-eps10-noiseoff-s1-a240779311"],
+    # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour; its
+    # --noise-off run on the same streams), and gan's twin
     "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b",
                          "sweep-dpgan-mnist-eps10-s2-7478dc767e", "sweep-dpgan-mnist-eps10-noiseoff-s0-4c0de1e259"],
     "88901f4ac76ec1fa": ["sweep-gan-mnist-epsinf-s0-e995f295ce", "sweep-gan-mnist-epsinf-s1-191fd3788f",
