@@ -49,7 +49,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     "a4ae686f3ee234ca": ["sweep-dpgan-mnist-eps10-s0-910b22602c", "sweep-dpgan-mnist-eps10-s1-5006ca81fa",
                          "sweep-dpgan-mnist-eps10-s2-298522cda4"],
     # its adaptive arm at the paper's other floor, 0.7 (a diagnostic: benchmarks/presets.md, dpgan mnist)
-    "54d62bc54c9bb184": ["sweep-dpgan-mnist-eps10-s0-bc46f75bc9", "sweep-dpgan-mnist-eps10-s1-dd0023d312"],
+    "54d62bc54c9bb184": ["sweep-dpgan-mnist-eps10-s0-bc46f75bc9", "sweep-dpgan-mnist-eps10-s1-dd0023d312",
+                         "sweep-dpgan-mnist-eps10-s2-410e155f95"],
     # its n_D = 10 arm
     "8e61799d8729a57a": ["sweep-dpgan-mnist-eps10-s0-98e3e31782", "sweep-dpgan-mnist-eps10-s1-42747f9274",
                          "sweep-dpgan-mnist-eps10-s2-e7c934fac9"],
@@ -59,7 +60,9 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # the width-64 ladder schedule from an hour of a core: the long preset now (CLAIMS.md dpgan-hour; its
     # --noise-off run on the same streams), and gan's twin
     "9a4d058c99bda209": ["sweep-dpgan-mnist-eps10-s0-f4c8aae9f0", "sweep-dpgan-mnist-eps10-s1-3bbf611a7b",
-                         "sweep-dpgan-mnist-eps10-s2-7478dc767e", "sweep-dpgan-mnist-eps10-noiseoff-s0-4c0de1e259"],
+                         "sweep-dpgan-mnist-eps10-s2-7478dc767e", "sweep-dpgan-mnist-eps10-noiseoff-s0-4c0de1e259",
+                         "sweep-dpgan-mnist-eps10-noiseoff-s1-7fd27c2844",
+                         "sweep-dpgan-mnist-eps10-noiseoff-s2-6b2bb7c2a0"],
     "88901f4ac76ec1fa": ["sweep-gan-mnist-epsinf-s0-e995f295ce", "sweep-gan-mnist-epsinf-s1-191fd3788f",
                          "sweep-gan-mnist-epsinf-s2-23db40bb88"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
