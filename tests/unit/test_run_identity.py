@@ -63,11 +63,13 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
                          "sweep-dpgan-mnist-eps10-s2-7478dc767e", "sweep-dpgan-mnist-eps10-noiseoff-s0-4c0de1e259",
                          "sweep-dpgan-mnist-eps10-noiseoff-s1-7fd27c2844",
                          "sweep-dpgan-mnist-eps10-noiseoff-s2-6b2bb7c2a0"],
-    # the GPU ladder's rung (widths 128, T = 12,000, n_D = 10) on test seeds, run on the CPU (CLAIMS.md dpgan-ladder)
-    "0271b846c5e76ce2": ["sweep-dpgan-mnist-eps10-s0-521d526237", "sweep-dpgan-mnist-eps10-s1-9508292152",
-                         "sweep-dpgan-mnist-eps10-s2-289c036e66"],
     "88901f4ac76ec1fa": ["sweep-gan-mnist-epsinf-s0-e995f295ce", "sweep-gan-mnist-epsinf-s1-191fd3788f",
                          "sweep-gan-mnist-epsinf-s2-23db40bb88"],
+    # the GPU ladder's rung (widths 128, T = 12,000, n_D = 10) on test seeds, run on the CPU (CLAIMS.md
+    # dpgan-ladder), and gan's twin
+    "0271b846c5e76ce2": ["sweep-dpgan-mnist-eps10-s0-521d526237", "sweep-dpgan-mnist-eps10-s1-9508292152",
+                         "sweep-dpgan-mnist-eps10-s2-289c036e66"],
+    "b78dd82e69a450c3": ["sweep-gan-mnist-epsinf-s0-cd3da374de"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
     # their ε = 10 and noise-off records keep the recorded keys)
     "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
