@@ -69,7 +69,8 @@ LATER_STREAM_KEYS = {run: key for key, runs in {
     # dpgan-ladder), and gan's twin
     "0271b846c5e76ce2": ["sweep-dpgan-mnist-eps10-s0-521d526237", "sweep-dpgan-mnist-eps10-s1-9508292152",
                          "sweep-dpgan-mnist-eps10-s2-289c036e66"],
-    "b78dd82e69a450c3": ["sweep-gan-mnist-epsinf-s0-cd3da374de", "sweep-gan-mnist-epsinf-s1-93430c5b71"],
+    "b78dd82e69a450c3": ["sweep-gan-mnist-epsinf-s0-cd3da374de", "sweep-gan-mnist-epsinf-s1-93430c5b71",
+                         "sweep-gan-mnist-epsinf-s2-1242c91c76"],
     # gswgan and dpac long at ε = 1 and 100 with the bias-corrected average (CLAIMS.md mnist-long;
     # their ε = 10 and noise-off records keep the recorded keys)
     "50ea22d037e89969": ["sweep-gswgan-mnist-eps1-s0-9572c69252"],
