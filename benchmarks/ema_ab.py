@@ -16,7 +16,8 @@ The plain average is evaluated only for the methods whose records before the war
 (dpgan, gan); dpaf had no average before, so its rows compare the averages with the last iterate.
 
 It resumes an interrupted run (its directory under --results) and appends its row to --out
-(replacing a row of the same method, preset, seed and settings). ``--merge FILE …`` adds the rows
+(replacing a row of the same training: method, dataset, preset, seed, settings, device and run
+directory). ``--merge FILE …`` adds the rows
 of other row files to --out the same way (the GPU's stage V writes one file a candidate):
 
     python benchmarks/ema_ab.py --merge gpu_val/*.json
@@ -122,8 +123,11 @@ def _evaluate(p, images: torch.Tensor, labels: torch.Tensor) -> float:
 
 def _key(row: dict) -> tuple:
     """A row's identity: one training of one candidate on one kind of device (a GPU's row never
-    replaces the CPU's: the same seed draws differently there). Rows without ``device`` are the CPU's."""
-    return row["method"], row["preset"], row["seed"], row["sets"], row.get("device", "cpu")
+    replaces the CPU's: the same seed draws differently there) in one run directory (a preset's
+    name with the same ``--set`` is another training once the preset changes: its run has another
+    directory). Rows without ``device`` are the CPU's."""
+    return (row["method"], row.get("dataset"), row["preset"], row["seed"], row["sets"], row.get("device", "cpu"),
+            row.get("run_dir"))
 
 
 def _put(rows: list[dict], row: dict) -> list[dict]:
@@ -192,16 +196,17 @@ def main() -> None:
     variants |= {f"bias-corrected {d}": g for d, g in last.get("extra", {}).items()}
     out = Path(a.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
-    same = [r for r in rows if _key(r) == (a.method, a.preset, a.seed, a.sets, p.device.type)]
+    this = {"method": a.method, "dataset": a.dataset, "preset": a.preset, "seed": a.seed, "sets": a.sets,
+            "device": p.device.type, "run_dir": str(run_dir)}
+    same = [r for r in rows if _key(r) == _key(this)]
     if a.spread_only and not same:
         raise SystemExit(f"--spread-only: no row of this run in {out}")
     samples = {k: _samples(p, checkpoint, g) for k, g in variants.items()}  # each variant drawn once
-    row = same[0] if a.spread_only else {
-        "method": a.method, "dataset": a.dataset, "preset": a.preset, "eps": a.eps, "seed": a.seed,
-        "sets": a.sets, "split": "val", "device": p.device.type, "ema_decay": beta, "g_updates": T,
+    row = same[0] if a.spread_only else this | {
+        "eps": a.eps, "split": "val", "ema_decay": beta, "g_updates": T,
         **({"initial_share_plain": initial_share(beta, T, "none")} if "plain" in variants else {}),
         "gen2real_cnn": {k: ours if k == "bias-corrected" else _evaluate(p, *samples[k]) for k in variants},
-        "run_dir": str(run_dir), "seconds": round(time.time() - t0)}
+        "seconds": round(time.time() - t0)}
     row["within_class_std"] = {k: _spread(*xy) for k, xy in samples.items()}
     row["within_class_std_real"] = round(within_class_std(p.data.train.images.numpy(), p.data.train.labels.numpy()), 3)
     store.write_json(out, _put(rows, row))

@@ -58,3 +58,22 @@ def test_merge_adds_other_row_files_replacing_the_same_training(tmp_path, monkey
     rows = json.loads(out.read_text())
     assert sorted((r["seed"], r["sets"][0], r["gen2real_cnn"]["last_iterate"]) for r in rows) == [
         (0, "n_d=1", 0.2), (0, "n_d=5", 0.7), (0, "n_d=5", 0.8), (1, "n_d=5", 0.6)]
+
+
+def test_merge_keeps_a_row_of_the_same_preset_name_and_settings_from_another_run(tmp_path, monkeypatch):
+    """A preset's name with the same --set is another training once the preset has changed (its run
+    has another directory): the new row must not replace the old one's record."""
+    def row(run_dir, value):
+        return {"method": "dpgan", "dataset": "mnist", "preset": "long", "seed": 0, "sets": ["n_d=5"],
+                "run_dir": run_dir, "gen2real_cnn": {"last_iterate": value}}
+    out = tmp_path / "ema_ab.json"
+    out.write_text(json.dumps([row("results/ema_ab/dpgan-long-nd5-s0", 0.72)]))
+    (tmp_path / "a.json").write_text(json.dumps([row("results/ema_ab/dpgan-long-w64-t12k-nd5-s0", 0.33),
+                                                 row("results/ema_ab/dpgan-long-nd5-s0", 0.74)]))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    ema_ab = importlib.import_module("ema_ab")
+    monkeypatch.setattr(sys, "argv", ["ema_ab.py", "--out", str(out), "--merge", str(tmp_path / "a.json")])
+    ema_ab.main()
+    rows = json.loads(out.read_text())
+    assert sorted((r["run_dir"], r["gen2real_cnn"]["last_iterate"]) for r in rows) == [
+        ("results/ema_ab/dpgan-long-nd5-s0", 0.74), ("results/ema_ab/dpgan-long-w64-t12k-nd5-s0", 0.33)]
